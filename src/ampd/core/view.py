@@ -1,0 +1,84 @@
+"""The read-only cluster snapshot a policy decides from (DESIGN.md section 4).
+
+Built by the simulator from its state and by the coordinator from its shared
+store; policies never see anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ampd.core.deployment import Role, WorkerSpec
+from ampd.core.task import PrefillTask
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedTask:
+    """A prefill task waiting in one worker's queue.
+
+    Attributes:
+        task: the prefill task.
+        enqueue_s: when it entered this queue.
+        cost_s: predicted execution time on this worker (``T_pre`` at its TP).
+        postponements: times a reorder has moved it later (Algorithm 2's counter).
+    """
+
+    task: PrefillTask
+    enqueue_s: float
+    cost_s: float
+    postponements: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """What a policy may read about one worker.
+
+    Attributes:
+        spec: identity, role, TP and server.
+        queue: waiting prefill tasks in queue order.
+        busy_s: predicted time until the work in progress ends (0 when idle).
+        windowed_ttft_s: mean TTFT of the prefills this worker finished in the
+            sliding window, or None when it finished none.
+        windowed_itl_s: mean ITL this (decode) worker delivered in the window, or None.
+        kv_capacity_tokens: KV tokens the worker can hold (decode workers).
+        kv_used_tokens: KV tokens held or reserved by its bound sessions.
+    """
+
+    spec: WorkerSpec
+    queue: tuple[QueuedTask, ...] = ()
+    busy_s: float = 0.0
+    windowed_ttft_s: float | None = None
+    windowed_itl_s: float | None = None
+    kv_capacity_tokens: int = 0
+    kv_used_tokens: int = 0
+
+    @property
+    def worker_id(self) -> int:
+        return self.spec.worker_id
+
+    @property
+    def kv_free_tokens(self) -> int:
+        return self.kv_capacity_tokens - self.kv_used_tokens
+
+    @property
+    def queue_drain_s(self) -> float:
+        """Predicted time to finish the work in progress and every queued task."""
+        return self.busy_s + sum(q.cost_s for q in self.queue)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """All workers, indexed by worker id."""
+
+    workers: tuple[WorkerView, ...]
+
+    def worker(self, worker_id: int) -> WorkerView:
+        return self.workers[worker_id]
+
+    @property
+    def prefill_workers(self) -> tuple[WorkerView, ...]:
+        return tuple(w for w in self.workers if w.spec.role is Role.PREFILL)
+
+    @property
+    def decode_workers(self) -> tuple[WorkerView, ...]:
+        return tuple(w for w in self.workers if w.spec.role is Role.DECODE)

@@ -1,0 +1,37 @@
+"""The performance model every runtime and policy times work with (AMPD.md section 2,
+DESIGN.md section 4)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ampd.core.deployment import WorkerSpec
+
+
+class PerfModel(Protocol):
+    """Cost functions of one model on one GPU type, at any TP degree.
+
+    All times are seconds. Implementations must be cheap to call (pure Python
+    arithmetic, no numpy per call): the simulator and the router call them on
+    every decision.
+    """
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes of one token over all layers (K and V), whole model."""
+
+    def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
+        """``T_pre(l_hist, l_incr; tp)``: prefill ``new_tokens`` on top of ``hist_tokens``
+        of cached history, on one replica of ``tp`` GPUs."""
+
+    def decode_step_s(self, batch_size: int, context_tokens: int, tp: int) -> float:
+        """``T_dec(b; tp)``: one decode iteration of ``batch_size`` sequences whose
+        KV totals ``context_tokens`` tokens."""
+
+    def kv_transfer_s(self, tokens: int, src: WorkerSpec, dst: WorkerSpec) -> float:
+        """``T_kv(l; src, dst)``: move the KV of ``tokens`` tokens from ``src`` to ``dst``
+        (NVLink on one server, the network between servers); 0 when src is dst."""
+
+    def kv_capacity_tokens(self, tp: int) -> int:
+        """KV tokens one replica of ``tp`` GPUs can hold: GPU memory minus weights
+        (and a reserve for activations), divided by ``kv_bytes_per_token``."""
