@@ -1,0 +1,137 @@
+"""The one typed run configuration (DESIGN.md section 7): loadable from TOML,
+overridable from the command line, saved beside every result.
+
+Validation errors name the field (and the file when loaded from one).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ampd.core.errors import InputError
+from ampd.metrics.slo import SloScope
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterConfig(_Strict):
+    """The simulated hardware and the deployment on it.
+
+    ``deployment`` is in the paper's notation; the default is AMPD.md section 4's
+    ToolBench scale (one server of 8 GPUs).
+    """
+
+    model: str = "Llama-3.1-70B"
+    gpu: str = "H20"
+    num_gpus: int = Field(8, ge=1)
+    gpus_per_server: int = Field(8, ge=1)
+    deployment: str = "P:<TP=2,DP=2> D:<TP=4,DP=1>"
+    network_gb_per_s: float = Field(200.0, gt=0, description="between servers (AMPD.md section 4: InfiniBand 200 GB/s)")
+
+
+class SloConfig(_Strict):
+    """SLO thresholds; None means derived by the rule in ``ampd.slo_rule``."""
+
+    ttft_s: float | None = Field(None, gt=0)
+    itl_s: float | None = Field(None, gt=0)
+    scope: SloScope = SloScope.MEAN
+
+
+class PolicyConfig(_Strict):
+    """AMPD's knobs (AMPD.md sections 3.1 and 3.2; paper defaults)."""
+
+    alpha: float = Field(0.9, gt=0)
+    beta: float = Field(0.85, gt=0)
+    reorder_window: int = Field(3, ge=1, le=7)
+    window_s: float = Field(10.0, gt=0)
+
+
+class WorkloadConfig(_Strict):
+    """Which sessions to serve: a synthetic workload by ``name`` or a ``trace``
+    (a shipped trace as ``builtin:<name>``, or a file path), never both.
+
+    ``arrivals``: ``poisson`` draws new arrivals at ``rate_per_s``; ``recorded``
+    keeps a trace's own arrival pattern, rescaled to ``rate_per_s``.
+    """
+
+    name: str | None = "toolbench"
+    trace: str | None = None
+    trace_format: str | None = None
+    num_sessions: int = Field(200, ge=1)
+    rate_per_s: float = Field(1.0, gt=0)
+    arrivals: Literal["poisson", "recorded"] = "poisson"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "WorkloadConfig":
+        if (self.name is None) == (self.trace is None):
+            raise ValueError("give exactly one of workload.name and workload.trace")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or self.trace
+
+
+class RunConfig(_Strict):
+    """Everything one simulation run depends on."""
+
+    system: str = "ampd"
+    seed: int = 0
+    cluster: ClusterConfig = ClusterConfig()
+    slo: SloConfig = SloConfig()
+    policy: PolicyConfig = PolicyConfig()
+    workload: WorkloadConfig = WorkloadConfig()
+
+
+def _errors_text(err: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in err.errors())
+
+
+def parse_config(data: dict, source: str = "configuration") -> RunConfig:
+    """Validate a nested dict into a RunConfig.
+
+    Raises:
+        InputError: naming ``source`` and each bad field.
+    """
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise InputError(f"{source}: {_errors_text(err)}") from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read a TOML configuration file.
+
+    Raises:
+        InputError: the file is missing, is not TOML, or has a bad field (named).
+    """
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such configuration file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(f"{path}: not valid TOML: {err}") from None
+    return parse_config(data, str(path))
+
+
+def override(config: RunConfig, **changes: dict) -> RunConfig:
+    """A copy with sections updated, e.g. ``override(c, workload={"rate_per_s": 2})``.
+
+    Raises:
+        InputError: a changed field is invalid.
+    """
+    data = config.model_dump()
+    for section, values in changes.items():
+        if isinstance(values, dict):
+            data[section] = {**data[section], **values}
+        else:
+            data[section] = values
+    return parse_config(data, "command line")

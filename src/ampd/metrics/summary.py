@@ -1,0 +1,72 @@
+"""Summary of a run: attainment, latency percentiles, local share, goodput."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ampd.metrics.records import SessionRecord
+from ampd.metrics.slo import SloScope, attains, percentile
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Headline figures of one run (times in seconds).
+
+    Attributes:
+        slo_attainment: fraction of sessions within both thresholds.
+        scope: the SLO scope used.
+        num_sessions, num_complete, num_rounds: counts.
+        ttft_p50_s, ttft_p95_s, ttft_p99_s: per-round TTFT percentiles.
+        itl_p50_s, itl_p95_s, itl_p99_s: per-token ITL percentiles.
+        ttft_mean_s, itl_mean_s: means over rounds and over tokens.
+        local_prefill_share: fraction of prefills run on the bound decode worker.
+        goodput_sessions_per_s: sessions that attained their SLO per second of the
+            run (first arrival to last completion).
+    """
+
+    slo_attainment: float
+    scope: str
+    num_sessions: int
+    num_complete: int
+    num_rounds: int
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_p95_s: float
+    ttft_p99_s: float
+    itl_mean_s: float
+    itl_p50_s: float
+    itl_p95_s: float
+    itl_p99_s: float
+    local_prefill_share: float
+    goodput_sessions_per_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def summarize(records: list[SessionRecord], ttft_slo_s: float, itl_slo_s: float,
+              scope: SloScope = SloScope.MEAN) -> RunSummary:
+    """Summarise the sessions of one run under the given thresholds and scope."""
+    rounds = [r for s in records for r in s.rounds if r.first_token_s is not None]
+    ttfts = [r.ttft_s for r in rounds]
+    itls = [x for r in rounds for x in r.itls_s]
+    good = sum(attains(s, ttft_slo_s, itl_slo_s, scope) for s in records)
+    complete = [s for s in records if s.complete]
+    span_s = (max(s.done_s for s in complete) - min(s.arrival_s for s in records)) if complete else 0.0
+    return RunSummary(
+        slo_attainment=good / len(records) if records else float("nan"),
+        scope=scope.value,
+        num_sessions=len(records),
+        num_complete=len(complete),
+        num_rounds=len(rounds),
+        ttft_mean_s=_mean(ttfts),
+        ttft_p50_s=percentile(ttfts, 50), ttft_p95_s=percentile(ttfts, 95), ttft_p99_s=percentile(ttfts, 99),
+        itl_mean_s=_mean(itls),
+        itl_p50_s=percentile(itls, 50), itl_p95_s=percentile(itls, 95), itl_p99_s=percentile(itls, 99),
+        local_prefill_share=_mean([1.0 if r.local else 0.0 for r in rounds]),
+        goodput_sessions_per_s=good / span_s if span_s > 0 else float("nan"),
+    )

@@ -1,0 +1,65 @@
+"""Decisions the policies return: dataclasses that are logged, so a run can be
+explained afterwards (DESIGN.md section 4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BindDecision:
+    """Binding of a session to the decode worker that will own its KV cache.
+
+    Attributes:
+        session_id: the session.
+        worker_id: chosen decode worker.
+        kv_free_tokens: that worker's free KV tokens when chosen (the criterion).
+    """
+
+    session_id: str
+    worker_id: int
+    kv_free_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Where one prefill runs (Algorithm 1).
+
+    Attributes:
+        session_id, round_index: the task.
+        worker_id: the worker that runs it (the bound decode worker when local).
+        local: True when it runs on the bound decode worker.
+        rule: which step of Algorithm 1 decided: ``"prefill-window"`` (step 1: a
+            prefill worker's windowed TTFT is under alpha x threshold),
+            ``"decode-window"`` (step 2: the decode worker's windowed ITL is under
+            beta x threshold), ``"estimate"`` (step 3: smallest predicted
+            completion), or ``"always-remote"``.
+        estimate_s: predicted completion time of the chosen option (step 3 only,
+            else None).
+        alternatives: (worker id, predicted completion s) of every option weighed in
+            step 3, local first; empty for the other rules.
+    """
+
+    session_id: str
+    round_index: int
+    worker_id: int
+    local: bool
+    rule: str
+    estimate_s: float | None = None
+    alternatives: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReorderDecision:
+    """Order of the head of a prefill queue (Algorithm 2).
+
+    Attributes:
+        order: permutation of the window: ``order[k]`` is the index (in the current
+            queue) of the task placed at position k. Tasks past the window keep
+            their place.
+        on_time: predicted number of window tasks meeting the TTFT threshold
+            (``S_pi`` of the chosen order).
+    """
+
+    order: tuple[int, ...]
+    on_time: int

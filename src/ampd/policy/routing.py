@@ -1,0 +1,109 @@
+"""Prefill routing: local on the bound decode worker, or remote on a prefill
+worker (AMPD.md section 3.1)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from ampd.core.task import PrefillTask
+from ampd.core.view import ClusterView, WorkerView
+from ampd.perf.interface import PerfModel
+from ampd.policy.decisions import RouteDecision
+
+
+class Router(Protocol):
+    """Decides where every prefill, initial or incremental, runs. Called by the
+    runtime once per round, when the round's input is available."""
+
+    def route(self, task: PrefillTask, view: ClusterView, now_s: float) -> RouteDecision: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SloThresholds:
+    """Per-session SLO thresholds (AMPD.md section 1), seconds."""
+
+    ttft_s: float
+    itl_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_s > 0 and self.itl_s > 0):
+            raise ValueError(f"SLO thresholds must be > 0: ttft_s={self.ttft_s}, itl_s={self.itl_s}")
+
+
+def remote_estimate_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView, perf: PerfModel) -> float:
+    """``t_remote_i`` of Algorithm 1: drain the prefill worker's queue, read the
+    history KV from the decode worker, prefill, send the new KV back."""
+    return (
+        prefill.queue_drain_s
+        + perf.kv_transfer_s(task.hist_tokens, decode.spec, prefill.spec)
+        + perf.prefill_s(task.hist_tokens, task.new_tokens, prefill.spec.tp)
+        + perf.kv_transfer_s(task.new_tokens, prefill.spec, decode.spec)
+    )
+
+
+def local_estimate_s(task: PrefillTask, decode: WorkerView, perf: PerfModel) -> float:
+    """``t_local`` of Algorithm 1: the task plus every prefill already queued on
+    the decode worker (the paper's formula leaves out the decode step in flight)."""
+    own = perf.prefill_s(task.hist_tokens, task.new_tokens, decode.spec.tp)
+    return own + sum(q.cost_s for q in decode.queue)
+
+
+class AdaptiveRouter:
+    """AMPD's adaptive routing, Algorithm 1.
+
+    1. Visit prefill workers in random order; the first whose windowed TTFT is
+       at most ``alpha`` x TTFT threshold takes the task.
+    2. Else, if the bound decode worker's windowed ITL is at most ``beta`` x ITL
+       threshold, run it locally.
+    3. Else take the option with the smallest predicted completion time.
+
+    A worker that finished nothing in the window reads 0 (idle), as a window
+    average does; ties in step 3 go to local, then to the lowest worker id.
+
+    Args:
+        perf: cost functions (``T_pre``, ``T_kv``).
+        slo: the thresholds.
+        rng: seeded generator for the visiting order (avoids herding).
+        alpha, beta: slack factors, paper defaults 0.9 and 0.85.
+    """
+
+    def __init__(self, perf: PerfModel, slo: SloThresholds, rng: random.Random,
+                 alpha: float = 0.9, beta: float = 0.85) -> None:
+        self.perf, self.slo, self.rng = perf, slo, rng
+        self.alpha, self.beta = alpha, beta
+
+    def route(self, task: PrefillTask, view: ClusterView, now_s: float) -> RouteDecision:
+        decode = view.worker(task.decode_worker)
+        prefills = list(view.prefill_workers)
+        self.rng.shuffle(prefills)
+        for w in prefills:
+            if (w.windowed_ttft_s or 0.0) <= self.alpha * self.slo.ttft_s:
+                return RouteDecision(task.session_id, task.round_index, w.worker_id, False, "prefill-window")
+        if (decode.windowed_itl_s or 0.0) <= self.beta * self.slo.itl_s:
+            return RouteDecision(task.session_id, task.round_index, decode.worker_id, True, "decode-window")
+        return self._by_estimate(task, decode, sorted(prefills, key=lambda w: w.worker_id))
+
+    def _by_estimate(self, task: PrefillTask, decode: WorkerView, prefills: list[WorkerView]) -> RouteDecision:
+        options = [(decode.worker_id, local_estimate_s(task, decode, self.perf))]
+        options += [(w.worker_id, remote_estimate_s(task, decode, w, self.perf)) for w in prefills]
+        worker_id, best_s = min(options, key=lambda o: o[1])
+        return RouteDecision(task.session_id, task.round_index, worker_id, worker_id == decode.worker_id,
+                             "estimate", best_s, tuple(options))
+
+
+class AlwaysRemoteRouter:
+    """Plain PD disaggregation (Dynamo's default): every prefill goes to the prefill
+    worker with the least queued work; ties to the lowest id.
+
+    Raises:
+        ValueError: at routing time, when the deployment has no prefill worker.
+    """
+
+    def route(self, task: PrefillTask, view: ClusterView, now_s: float) -> RouteDecision:
+        prefills = view.prefill_workers
+        if not prefills:
+            raise ValueError("always-remote routing needs at least one prefill worker")
+        best = min(prefills, key=lambda w: (w.queue_drain_s, w.worker_id))
+        return RouteDecision(task.session_id, task.round_index, best.worker_id, False, "always-remote")

@@ -1,0 +1,69 @@
+"""Named serving systems: which router and which queue policy (AMPD and its
+baselines, AMPD.md section 4). Every runtime builds its policies from here."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ampd.core.errors import InputError
+from ampd.perf.interface import PerfModel
+from ampd.policy.reorder import Fcfs, QueuePolicy, TtftAwareReorder
+from ampd.policy.routing import AdaptiveRouter, AlwaysRemoteRouter, Router, SloThresholds
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """AMPD's hyper-parameters (paper defaults: alpha 0.9, beta 0.85, w 3)."""
+
+    alpha: float = 0.9
+    beta: float = 0.85
+    reorder_window: int = 3
+
+
+@dataclass(frozen=True)
+class System:
+    """A router and a queue policy under one name.
+
+    Attributes:
+        name: what results call it.
+        description: one line for tables and docs.
+        needs_prefill_workers: False when it can run on decode workers alone.
+    """
+
+    name: str
+    description: str
+    make_router: Callable[[PerfModel, SloThresholds, Knobs, random.Random], Router]
+    make_queue_policy: Callable[[SloThresholds, Knobs], QueuePolicy]
+    needs_prefill_workers: bool = True
+
+
+def _adaptive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
+    return AdaptiveRouter(perf, slo, rng, knobs.alpha, knobs.beta)
+
+
+def _ttft_aware(slo: SloThresholds, knobs: Knobs) -> QueuePolicy:
+    return TtftAwareReorder(slo.ttft_s, knobs.reorder_window)
+
+
+SYSTEMS: dict[str, System] = {s.name: s for s in (
+    System("ampd", "AMPD: adaptive routing (Alg. 1) + TTFT-aware reordering (Alg. 2)",
+           _adaptive, _ttft_aware, needs_prefill_workers=False),
+    System("ampd-no-reorder", "AMPD routing with FCFS queues (ablation)",
+           _adaptive, lambda slo, knobs: Fcfs(), needs_prefill_workers=False),
+    System("pd-disagg", "plain PD disaggregation (Dynamo): every prefill remote, FCFS",
+           lambda perf, slo, knobs, rng: AlwaysRemoteRouter(), lambda slo, knobs: Fcfs()),
+)}
+
+
+def get_system(name: str) -> System:
+    """The system called ``name``.
+
+    Raises:
+        InputError: unknown name (the message lists the known ones).
+    """
+    try:
+        return SYSTEMS[name]
+    except KeyError:
+        raise InputError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}") from None

@@ -1,0 +1,157 @@
+"""The simulated cluster: the coordinator's session life cycle (bind, route,
+dispatch, tool waits) over simulated prefill and decode workers (AMPD.md section 3)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ampd.core.deployment import Role, WorkerSpec
+from ampd.core.errors import InputError
+from ampd.core.session import Session
+from ampd.core.task import PrefillTask
+from ampd.core.view import ClusterView
+from ampd.metrics.records import RoundRecord, SessionRecord
+from ampd.perf.interface import PerfModel
+from ampd.policy.binding import MostFreeKvBinder
+from ampd.policy.decisions import BindDecision, RouteDecision
+from ampd.policy.reorder import QueuePolicy
+from ampd.policy.routing import Router
+from ampd.sim.decode_worker import SimDecodeWorker
+from ampd.sim.engine import EventLoop
+from ampd.sim.prefill_worker import SimPrefillWorker
+
+
+@dataclass
+class SimResult:
+    """Everything a simulation run produced.
+
+    Attributes:
+        sessions: one record per session, in arrival order.
+        binds, routes: every decision, in the order taken.
+        num_events: events the loop ran.
+        end_s: virtual time of the last event.
+    """
+
+    sessions: list[SessionRecord]
+    binds: list[BindDecision] = field(default_factory=list)
+    routes: list[RouteDecision] = field(default_factory=list)
+    num_events: int = 0
+    end_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Live:
+    session: Session
+    record: SessionRecord
+    decode_worker: int = -1
+
+
+class SimCluster:
+    """Workers of one deployment driven by one router, queue policy and binder.
+
+    Sessions that no decode worker has memory for wait, in arrival order, until a
+    session ends; their TTFT counts the wait. A session's later rounds may grow
+    its KV past the worker's capacity (no preemption is modelled).
+
+    Raises:
+        InputError: a replica's GPUs cannot hold the model's weights.
+    """
+
+    def __init__(self, specs: tuple[WorkerSpec, ...], perf: PerfModel, router: Router,
+                 queue_policy: QueuePolicy, window_s: float = 10.0) -> None:
+        self.loop = EventLoop()
+        self.perf, self.router, self.binder = perf, router, MostFreeKvBinder()
+        self.specs = specs
+        for spec in specs:
+            if perf.kv_capacity_tokens(spec.tp) <= 0:
+                raise InputError(f"worker {spec.worker_id} ({spec.role.value}, TP={spec.tp}): the model's weights "
+                                 f"do not fit in {spec.tp} GPU(s) with room for KV cache")
+        self.workers = [self._make_worker(s, queue_policy, window_s) for s in specs]
+        self.result = SimResult(sessions=[])
+        self._live: dict[str, _Live] = {}
+        self._waiting: deque[_Live] = deque()
+
+    def _make_worker(self, spec: WorkerSpec, queue_policy: QueuePolicy, window_s: float):
+        if spec.role is Role.DECODE:
+            return SimDecodeWorker(spec, self.loop, self.perf, queue_policy, self, window_s)
+        return SimPrefillWorker(spec, self.loop, self.perf, queue_policy, self, window_s,
+                                lambda worker_id: self.specs[worker_id])
+
+    def run(self, sessions: list[Session]) -> SimResult:
+        """Simulate ``sessions`` to completion.
+
+        Raises:
+            InputError: a session's first round needs more KV than any decode
+                replica holds, so it could never start.
+        """
+        largest = max(w.kv_capacity_tokens for w in self.workers if w.spec.role is Role.DECODE)
+        for s in sorted(sessions, key=lambda s: s.arrival_s):
+            first = s.rounds[0].input_tokens + s.rounds[0].output_tokens
+            if first > largest:
+                raise InputError(f"session {s.session_id}: its first round needs {first} KV tokens, "
+                                 f"the largest decode replica holds {largest}")
+            live = _Live(s, SessionRecord(s.session_id, s.arrival_s, len(s.rounds)))
+            self.result.sessions.append(live.record)
+            self._live[s.session_id] = live
+            self.loop.at(s.arrival_s, self._arrive, live)
+        self.loop.run()
+        self.result.num_events, self.result.end_s = self.loop.num_events, self.loop.now_s
+        return self.result
+
+    def view(self) -> ClusterView:
+        """The policies' snapshot of every worker now."""
+        now_s = self.loop.now_s
+        return ClusterView(tuple(w.view(now_s) for w in self.workers))
+
+    def _arrive(self, live: _Live) -> None:
+        self._waiting.append(live)
+        self._admit()
+
+    def _admit(self) -> None:
+        while self._waiting:
+            live = self._waiting[0]
+            first = live.session.rounds[0]
+            decision = self.binder.bind(live.session.session_id, first.input_tokens + first.output_tokens, self.view())
+            if decision is None:
+                return
+            self._waiting.popleft()
+            self.result.binds.append(decision)
+            live.decode_worker = decision.worker_id
+            self._start_round(live, 0, live.session.arrival_s)
+
+    def _start_round(self, live: _Live, round_index: int, ready_s: float) -> None:
+        session = live.session
+        rnd = session.rounds[round_index]
+        decode = self.workers[live.decode_worker]
+        decode.reserve(rnd.input_tokens + rnd.output_tokens)
+        task = PrefillTask(session.session_id, round_index, session.history_tokens(round_index),
+                           rnd.input_tokens, ready_s, live.decode_worker)
+        live.record.rounds.append(RoundRecord(session.session_id, round_index, ready_s, task.hist_tokens,
+                                              task.new_tokens, rnd.output_tokens, live.decode_worker))
+        decision = self.router.route(task, self.view(), self.loop.now_s)
+        self.result.routes.append(decision)
+        target = self.workers[decision.worker_id]
+        if decision.local:
+            target.enqueue_local(task)
+        else:
+            target.enqueue(task)
+
+    def first_token(self, task: PrefillTask, prefill_worker: int, local: bool) -> None:
+        live = self._live[task.session_id]
+        record = live.record.rounds[task.round_index]
+        record.first_token_s, record.local, record.prefill_worker = self.loop.now_s, local, prefill_worker
+        self.workers[live.decode_worker].join(task, record.output_tokens, record.itls_s)
+
+    def round_done(self, session_id: str, round_index: int) -> None:
+        live = self._live[session_id]
+        live.record.rounds[round_index].done_s = self.loop.now_s
+        rounds = live.session.rounds
+        if round_index + 1 < len(rounds):
+            ready_s = self.loop.now_s + rounds[round_index].tool_s
+            self.loop.at(ready_s, self._start_round, live, round_index + 1, ready_s)
+            return
+        live.record.done_s = self.loop.now_s
+        self.workers[live.decode_worker].release(live.session.total_tokens)
+        del self._live[session_id]
+        self._admit()

@@ -1,0 +1,91 @@
+"""A simulated prefill worker: a reordered queue, a lazy history read that overlaps
+the previous task's compute, and only the new KV sent back (AMPD.md section 3,
+step 3; DESIGN.md section 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ampd.core.deployment import WorkerSpec
+from ampd.core.task import PrefillTask
+from ampd.core.view import QueuedTask, WorkerView
+from ampd.perf.interface import PerfModel
+from ampd.policy.reorder import QueuePolicy, apply_order
+from ampd.policy.window import SlidingWindowMean
+from ampd.sim.engine import EventLoop
+from ampd.sim.sink import RoundSink
+
+
+class SimPrefillWorker:
+    """One prefill replica, a two-stage pipeline: read history, then compute.
+
+    A task is dequeued (and the queue reordered) only when the read stage is free
+    and no fetched task is waiting, i.e. at most one task ahead of the one
+    computing: the read is lazy, and it overlaps the compute in flight. When the
+    compute ends, the new KV (``new_tokens``) travels back to the decode worker;
+    its arrival is the round's first token. The windowed TTFT counts the rounds
+    this worker prefilled, at the time their first token arrives.
+
+    Args:
+        decode_spec: maps a decode worker id to its spec (for transfer times).
+    """
+
+    def __init__(self, spec: WorkerSpec, loop: EventLoop, perf: PerfModel, queue_policy: QueuePolicy,
+                 sink: RoundSink, window_s: float, decode_spec: Callable[[int], WorkerSpec]) -> None:
+        self.spec, self.loop, self.perf, self.queue_policy, self.sink = spec, loop, perf, queue_policy, sink
+        self.decode_spec = decode_spec
+        self.queue: list[QueuedTask] = []
+        self.ttft_window = SlidingWindowMean(window_s)
+        self._fetching: QueuedTask | None = None
+        self._fetched = False
+        self._computing_until_s: float | None = None
+
+    def enqueue(self, task: PrefillTask) -> None:
+        """Queue a prefill routed here (remote execution)."""
+        cost_s = self.perf.prefill_s(task.hist_tokens, task.new_tokens, self.spec.tp)
+        self.queue.append(QueuedTask(task, self.loop.now_s, cost_s))
+        self._advance()
+
+    def view(self, now_s: float) -> WorkerView:
+        """Snapshot for the policies; ``busy_s`` counts the compute in flight and
+        the task already fetched or being fetched."""
+        busy_s = max(0.0, self._computing_until_s - now_s) if self._computing_until_s is not None else 0.0
+        if self._fetching is not None:
+            busy_s += self._fetching.cost_s
+        return WorkerView(self.spec, tuple(self.queue), busy_s, self.ttft_window.mean(now_s), None)
+
+    def _advance(self) -> None:
+        if self._computing_until_s is None and self._fetching is not None and self._fetched:
+            self._start_compute()
+        if self._fetching is None and self.queue:
+            self._start_read()
+
+    def _start_read(self) -> None:
+        now_s = self.loop.now_s
+        delay_s = max(0.0, self._computing_until_s - now_s) if self._computing_until_s is not None else 0.0
+        decision = self.queue_policy.pick(self.queue, now_s, delay_s)
+        self.queue = apply_order(self.queue, decision)
+        self._fetching, self._fetched = self.queue.pop(0), False
+        task = self._fetching.task
+        read_s = self.perf.kv_transfer_s(task.hist_tokens, self.decode_spec(task.decode_worker), self.spec)
+        self.loop.after(read_s, self._end_read)
+
+    def _end_read(self) -> None:
+        self._fetched = True
+        self._advance()
+
+    def _start_compute(self) -> None:
+        head = self._fetching
+        self._fetching, self._fetched = None, False
+        self._computing_until_s = self.loop.now_s + head.cost_s
+        self.loop.at(self._computing_until_s, self._end_compute, head.task)
+
+    def _end_compute(self, task: PrefillTask) -> None:
+        self._computing_until_s = None
+        send_s = self.perf.kv_transfer_s(task.new_tokens, self.spec, self.decode_spec(task.decode_worker))
+        self.loop.after(send_s, self._deliver, task)
+        self._advance()
+
+    def _deliver(self, task: PrefillTask) -> None:
+        self.ttft_window.add(self.loop.now_s, self.loop.now_s - task.ready_s)
+        self.sink.first_token(task, self.spec.worker_id, False)

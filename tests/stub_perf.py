@@ -1,0 +1,29 @@
+"""A performance model with round numbers, so simulator outcomes can be worked
+out by hand in the tests."""
+
+from __future__ import annotations
+
+from ampd.core.deployment import WorkerSpec
+
+
+class StubPerf:
+    """prefill: 1 ms per new token (history is free); decode step: 20 ms whatever
+    the batch; KV transfer: 10 us per token between two workers, 0 within one;
+    KV capacity: ``capacity_tokens`` at every TP."""
+
+    kv_bytes_per_token = 1
+
+    def __init__(self, capacity_tokens: int = 1_000_000) -> None:
+        self.capacity_tokens = capacity_tokens
+
+    def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
+        return 0.001 * new_tokens
+
+    def decode_step_s(self, batch_size: int, context_tokens: int, tp: int) -> float:
+        return 0.02
+
+    def kv_transfer_s(self, tokens: int, src: WorkerSpec, dst: WorkerSpec) -> float:
+        return 0.0 if src.worker_id == dst.worker_id else 1e-5 * tokens
+
+    def kv_capacity_tokens(self, tp: int) -> int:
+        return self.capacity_tokens

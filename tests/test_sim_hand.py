@@ -1,0 +1,72 @@
+"""The simulator on tiny cases worked out by hand (times from tests/stub_perf.py)."""
+
+import random
+
+import pytest
+
+from ampd.core import Deployment, Round, Session
+from ampd.policy.reorder import Fcfs
+from ampd.policy.routing import AdaptiveRouter, AlwaysRemoteRouter, SloThresholds
+from ampd.sim.cluster import SimCluster
+from stub_perf import StubPerf
+
+
+def _cluster(deployment: str, router, perf=None) -> SimCluster:
+    specs = Deployment.parse(deployment).workers(8)
+    return SimCluster(specs, perf or StubPerf(), router, Fcfs())
+
+
+def test_two_rounds_one_tool_call_remote():
+    # Round 0: prefill 1000 tok = 1.0 s on P, new KV back 1000 x 10 us = 0.01 s -> first token 1.01.
+    # Two decode steps of 20 ms -> done 1.05. Tool 2.0 s -> round 1 ready at 3.05.
+    # Round 1: lazy history read of 1003 tokens = 0.01003 s, prefill 500 = 0.5 s,
+    # new KV back 500 x 10 us = 0.005 s -> first token 3.56503; one step -> done 3.58503.
+    session = Session("s", 0.0, (Round(1000, 3, 2.0), Round(500, 2)))
+    result = _cluster("P:<TP=1,DP=1> D:<TP=1,DP=1>", AlwaysRemoteRouter()).run([session])
+    r0, r1 = result.sessions[0].rounds
+    assert r0.first_token_s == pytest.approx(1.01)
+    assert r0.itls_s == pytest.approx([0.02, 0.02])
+    assert r0.done_s == pytest.approx(1.05)
+    assert r1.ready_s == pytest.approx(3.05)
+    assert r1.hist_tokens == 1003
+    assert r1.first_token_s == pytest.approx(3.56503)
+    assert r1.ttft_s == pytest.approx(0.51503)
+    assert r1.done_s == pytest.approx(3.58503)
+    assert result.sessions[0].done_s == pytest.approx(3.58503)
+    assert not r0.local and not r1.local and r1.prefill_worker == 0
+
+
+def test_local_prefill_delays_running_decode_by_its_prefill_time():
+    # No prefill worker: Algorithm 1 runs everything locally (empty ITL window reads 0).
+    # A: prefill 1.0 s -> first token 1.0; steps end 1.02, 1.04, ...
+    # B arrives 1.03 (mid-step), prefill 0.1 s runs 1.04-1.14 between two steps,
+    # so A's next gap is 0.02 + 0.1 = 0.12; B joins the step 1.14-1.16.
+    router = AdaptiveRouter(StubPerf(), SloThresholds(5.0, 0.05), random.Random(0))
+    a = Session("a", 0.0, (Round(1000, 5),))
+    b = Session("b", 1.03, (Round(100, 2),))
+    result = _cluster("D:<TP=1,DP=1>", router).run([a, b])
+    ra, rb = (s.rounds[0] for s in result.sessions)
+    assert ra.itls_s == pytest.approx([0.02, 0.02, 0.12, 0.02])
+    assert rb.first_token_s == pytest.approx(1.14)
+    assert rb.itls_s == pytest.approx([0.02])
+    assert ra.done_s == pytest.approx(1.18)
+    assert ra.local and rb.local
+
+
+def test_remote_history_read_overlaps_previous_compute():
+    # Two sessions both in their second round arrive at the prefill worker together.
+    # Task X (hist 1003) is read (0.01003 s) while nothing computes; task Y's read of
+    # 2003 tokens (0.02003 s) overlaps X's compute, so Y computes right after X.
+    x = Session("x", 0.0, (Round(1000, 3, 1.0), Round(500, 2)))
+    y = Session("y", 0.0, (Round(2000, 3, 0.0), Round(500, 2)))
+    # Timeline on P: x0 compute 0-1.0, y0 read 0 (hist 0), compute 1.0-3.0.
+    # x0 KV back 1.01; decode D: x steps 1.01-1.03-1.05 -> x round 0 done 1.05, x1 ready 2.05.
+    # y0 KV back (2000 x 10us) 3.02; y steps 3.02-3.04-3.06 -> y1 ready 3.06.
+    # x1 enqueued at 2.05 while y0 computes: read 1003 tok 2.05-2.06003, compute starts 3.0, ends 3.5.
+    result = _cluster("P:<TP=1,DP=1> D:<TP=1,DP=1>", AlwaysRemoteRouter()).run([x, y])
+    x1 = result.sessions[0].rounds[1]
+    y1 = result.sessions[1].rounds[1]
+    assert x1.ready_s == pytest.approx(2.05)
+    assert x1.first_token_s == pytest.approx(3.0 + 0.5 + 0.005)
+    # y1 ready 3.06: read 2003 tok (0.02003) overlaps x1's compute (ends 3.5); computes 3.5-4.0.
+    assert y1.first_token_s == pytest.approx(4.0 + 0.005)
