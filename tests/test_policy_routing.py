@@ -1,0 +1,66 @@
+"""Algorithm 1 (AMPD.md section 3.1) on hand-made cluster views.
+Costs from tests/stub_perf.py: prefill 1 ms/token, KV 10 us/token between workers."""
+
+import random
+
+import pytest
+
+from ampd.policy.routing import AdaptiveRouter, AlwaysRemoteRouter, SloThresholds
+from stub_perf import StubPerf
+from views import decode, prefill, queued, task, view
+
+SLO = SloThresholds(ttft_s=2.0, itl_s=0.1)  # alpha x 2.0 = 1.8 s, beta x 0.1 = 0.085 s
+
+
+def router(seed=0):
+    return AdaptiveRouter(StubPerf(), SLO, random.Random(seed), alpha=0.9, beta=0.85)
+
+
+def test_step1_takes_a_prefill_worker_under_alpha_threshold():
+    v = view(decode(0, itl=0.01), prefill(1, ttft=1.81), prefill(2, ttft=1.8))
+    for seed in range(10):  # whatever the visiting order, only worker 2 qualifies (1.8 <= 1.8)
+        d = router(seed).route(task(), v, 0.0)
+        assert (d.worker_id, d.local, d.rule) == (2, False, "prefill-window")
+
+
+def test_step1_random_order_spreads_over_qualifying_workers():
+    v = view(decode(0), prefill(1, ttft=0.5), prefill(2, ttft=0.5), prefill(3, ttft=0.5))
+    r = router(7)
+    chosen = {r.route(task(), v, 0.0).worker_id for _ in range(30)}
+    assert chosen == {1, 2, 3}
+
+
+def test_idle_prefill_worker_reads_zero_and_qualifies():
+    d = router().route(task(), view(decode(0), prefill(1, ttft=None)), 0.0)
+    assert (d.worker_id, d.rule) == (1, "prefill-window")
+
+
+def test_step2_local_when_decode_itl_under_beta_threshold():
+    v = view(decode(0, itl=0.085), prefill(1, ttft=1.9))
+    d = router().route(task(), v, 0.0)
+    assert (d.worker_id, d.local, d.rule) == (0, True, "decode-window")
+
+
+def test_step3_remote_estimate_wins():
+    # t_local = 0.5 (own) + 0.3 (queued) = 0.8
+    # worker 1: drain 0.2 + 0.4 = 0.6, read 1000 tok 0.01, prefill 0.5, send 500 tok 0.005 -> 1.115
+    # worker 2: drain 0, read 0.01, prefill 0.5, send 0.005 -> 0.515
+    v = view(decode(0, itl=0.2, queue=[queued(0.3)]),
+             prefill(1, ttft=3.0, busy_s=0.2, queue=[queued(0.4)]), prefill(2, ttft=3.0))
+    d = router().route(task(hist=1000, new=500), v, 0.0)
+    assert (d.worker_id, d.local, d.rule) == (2, False, "estimate")
+    assert d.estimate_s == pytest.approx(0.515)
+    assert dict(d.alternatives) == pytest.approx({0: 0.8, 1: 1.115, 2: 0.515})
+
+
+def test_step3_local_estimate_wins():
+    # t_local = 0.5; the only prefill worker: drain 1.0 + 0.515 = 1.515
+    v = view(decode(0, itl=0.2), prefill(1, ttft=3.0, busy_s=1.0))
+    d = router().route(task(hist=1000, new=500), v, 0.0)
+    assert (d.worker_id, d.local, d.estimate_s) == (0, True, pytest.approx(0.5))
+
+
+def test_always_remote_picks_least_drain_and_never_local():
+    v = view(decode(0), prefill(1, busy_s=0.3), prefill(2, busy_s=0.1, queue=[queued(0.1)]), prefill(3, busy_s=0.2))
+    d = AlwaysRemoteRouter().route(task(), v, 0.0)
+    assert (d.worker_id, d.local) == (2, False)  # drains 0.3, 0.2, 0.2: tie goes to the lowest id
