@@ -90,6 +90,29 @@ class RunConfig(_Strict):
     workload: WorkloadConfig = WorkloadConfig()
 
 
+class SweepWorkload(_Strict):
+    """One workload of a sweep and the rates to run it at; ``arrivals`` and
+    ``num_sessions`` override the base configuration's for this workload."""
+
+    workload: str
+    rates_per_s: list[float] = Field(min_length=1)
+    arrivals: Literal["poisson", "recorded"] | None = None
+    num_sessions: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _positive_rates(self) -> "SweepWorkload":
+        if any(r <= 0 for r in self.rates_per_s):
+            raise ValueError(f"rates_per_s must all be > 0, got {self.rates_per_s}")
+        return self
+
+
+class SweepConfig(_Strict):
+    """The ``[sweep]`` table of a configuration file: systems x workloads x rates."""
+
+    systems: list[str] = Field(["ampd", "pd-disagg"], min_length=1)
+    workloads: list[SweepWorkload] = Field(min_length=1)
+
+
 def _errors_text(err: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in err.errors())
 
@@ -106,20 +129,32 @@ def parse_config(data: dict, source: str = "configuration") -> RunConfig:
         raise InputError(f"{source}: {_errors_text(err)}") from None
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Read a TOML configuration file.
+def _read_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except (FileNotFoundError, IsADirectoryError):
+        raise InputError(f"{path}: no such configuration file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(f"{path}: not valid TOML: {err}") from None
+
+
+def load_config(path: str | Path) -> tuple[RunConfig, SweepConfig | None]:
+    """Read a TOML configuration file: the run configuration and, if the file has
+    a ``[sweep]`` table, the sweep.
 
     Raises:
         InputError: the file is missing, is not TOML, or has a bad field (named).
     """
     path = Path(path)
+    data = _read_toml(path)
+    sweep_data = data.pop("sweep", None)
+    config = parse_config(data, str(path))
+    if sweep_data is None:
+        return config, None
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such configuration file") from None
-    except tomllib.TOMLDecodeError as err:
-        raise InputError(f"{path}: not valid TOML: {err}") from None
-    return parse_config(data, str(path))
+        return config, SweepConfig.model_validate(sweep_data)
+    except ValidationError as err:
+        raise InputError(f"{path}: sweep.{_errors_text(err)}") from None
 
 
 def override(config: RunConfig, **changes: dict) -> RunConfig:

@@ -32,10 +32,11 @@ class RouteDecision:
         rule: which step of Algorithm 1 decided: ``"prefill-window"`` (step 1: a
             prefill worker's windowed TTFT is under alpha x threshold),
             ``"decode-window"`` (step 2: the decode worker's windowed ITL is under
-            beta x threshold), ``"estimate"`` (step 3: smallest predicted
+            beta x threshold), ``"prefill-predicted"`` (step 1 of the predictive
+            variant), ``"estimate"`` (step 3: smallest predicted
             completion), or ``"always-remote"``.
-        estimate_s: predicted completion time of the chosen option (step 3 only,
-            else None).
+        estimate_s: predicted completion time of the chosen option (step 3, and
+            the predicted TTFT for ``"prefill-predicted"``; else None).
         alternatives: (worker id, predicted completion s) of every option weighed in
             step 3, local first; empty for the other rules.
     """

@@ -93,6 +93,32 @@ class AdaptiveRouter:
                              "estimate", best_s, tuple(options))
 
 
+class PredictiveRouter(AdaptiveRouter):
+    """AMPD's Algorithm 1 with a load signal that sees queues: **not the paper's**
+    (system ``ampd-predictive``).
+
+    Step 1 reads, instead of each prefill worker's windowed TTFT, the TTFT the task
+    would get there (time already waited + ``t_remote_i``), and takes the worker
+    with the smallest one if it is at most ``alpha`` x threshold. A window average
+    reads "fine" for a worker whose queue has grown but which has finished nothing
+    slow yet, so random visits herd onto it (AMPD.md section 5); the prediction
+    does not lag. Steps 2 and 3 are the paper's.
+    """
+
+    def route(self, task: PrefillTask, view: ClusterView, now_s: float) -> RouteDecision:
+        decode = view.worker(task.decode_worker)
+        prefills = sorted(view.prefill_workers, key=lambda w: w.worker_id)
+        waited_s = now_s - task.ready_s
+        if prefills:
+            best_s, best = min((waited_s + remote_estimate_s(task, decode, w, self.perf), w.worker_id)
+                               for w in prefills)
+            if best_s <= self.alpha * self.slo.ttft_s:
+                return RouteDecision(task.session_id, task.round_index, best, False, "prefill-predicted", best_s)
+        if (decode.windowed_itl_s or 0.0) <= self.beta * self.slo.itl_s:
+            return RouteDecision(task.session_id, task.round_index, decode.worker_id, True, "decode-window")
+        return self._by_estimate(task, decode, prefills)
+
+
 class AlwaysRemoteRouter:
     """Plain PD disaggregation (Dynamo's default): every prefill goes to the prefill
     worker with the least queued work; ties to the lowest id.

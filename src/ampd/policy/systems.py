@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ampd.core.errors import InputError
 from ampd.perf.interface import PerfModel
 from ampd.policy.reorder import Fcfs, QueuePolicy, TtftAwareReorder
-from ampd.policy.routing import AdaptiveRouter, AlwaysRemoteRouter, Router, SloThresholds
+from ampd.policy.routing import AdaptiveRouter, AlwaysRemoteRouter, PredictiveRouter, Router, SloThresholds
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,10 @@ def _adaptive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Ran
     return AdaptiveRouter(perf, slo, rng, knobs.alpha, knobs.beta)
 
 
+def _predictive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
+    return PredictiveRouter(perf, slo, rng, knobs.alpha, knobs.beta)
+
+
 def _ttft_aware(slo: SloThresholds, knobs: Knobs) -> QueuePolicy:
     return TtftAwareReorder(slo.ttft_s, knobs.reorder_window)
 
@@ -50,6 +54,8 @@ def _ttft_aware(slo: SloThresholds, knobs: Knobs) -> QueuePolicy:
 SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("ampd", "AMPD: adaptive routing (Alg. 1) + TTFT-aware reordering (Alg. 2)",
            _adaptive, _ttft_aware, needs_prefill_workers=False),
+    System("ampd-predictive", "AMPD with a queue-aware prefill signal (ours, not the paper's) + Alg. 2",
+           _predictive, _ttft_aware, needs_prefill_workers=False),
     System("ampd-no-reorder", "AMPD routing with FCFS queues (ablation)",
            _adaptive, lambda slo, knobs: Fcfs(), needs_prefill_workers=False),
     System("pd-disagg", "plain PD disaggregation (Dynamo): every prefill remote, FCFS",

@@ -1,0 +1,29 @@
+"""Shared by the benchmarks: where results go and what machine produced them."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    """The machine a figure was measured on."""
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
+
+
+def write_result(name: str, figures: dict) -> Path:
+    """Write ``bench/results/<name>.json`` with the figures, the machine and the time."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {"benchmark": name, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "machine": machine(), **figures}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path

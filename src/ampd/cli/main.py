@@ -1,0 +1,115 @@
+"""The ``ampd`` command: ``simulate`` one system at one rate, ``sweep`` systems x
+workloads x rates."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ampd.cli.options import add_run_options, config_from_args
+from ampd.cli.tables import print_table, summary_table
+from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
+from ampd.core.errors import AmpdError, InputError
+from ampd.experiment import simulate
+from ampd.metrics.plot import plot_attainment
+from ampd.metrics.report import decision_rows, round_rows, write_csv, write_json, write_jsonl
+from ampd.sweep import plan_sweep, resolve_slo, run_sweep, workload_source
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"rates must be positive numbers, got {text!r}")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def cmd_simulate(args: argparse.Namespace) -> None:
+    config, _ = config_from_args(args)
+    changes = {"system": args.system} if args.system else {}
+    workload = {"rate_per_s": args.rate} if args.rate else {}
+    if args.workload:
+        workload.update(workload_source(args.workload))
+    config = resolve_slo(override(config, **changes, workload=workload))
+    out = simulate(config)
+    row = {"system": config.system, "workload": config.workload.label,
+           "rate_per_s": config.workload.rate_per_s, **out.summary.to_dict()}
+    print_table(summary_table(f"{config.cluster.model} on {config.cluster.num_gpus} x {config.cluster.gpu}, "
+                              f"{config.cluster.deployment}; SLO TTFT {out.slo.ttft_s:.2f} s, "
+                              f"ITL {1000 * out.slo.itl_s:.0f} ms ({config.slo.scope.value} scope)", [row]))
+    out_dir = Path(args.out)
+    write_json(out_dir / "config.json", config.model_dump(mode="json"))
+    write_json(out_dir / "summary.json", {**row, "ttft_slo_s": out.slo.ttft_s, "itl_slo_s": out.slo.itl_s,
+                                          "num_events": out.result.num_events})
+    write_csv(out_dir / "rounds.csv", round_rows(out.result.sessions))
+    write_jsonl(out_dir / "decisions.jsonl", decision_rows(out.result.binds + out.result.routes))
+    print(f"results in {out_dir}/ (summary.json, rounds.csv, decisions.jsonl, config.json)")
+
+
+def _sweep_from_args(args: argparse.Namespace, base: RunConfig, sweep: SweepConfig | None) -> SweepConfig:
+    """The file's [sweep] table with --systems, --workloads and --rates applied."""
+    systems = args.systems or (sweep.systems if sweep else ["ampd", "pd-disagg"])
+    if args.workloads or args.rates or sweep is None:
+        if not args.rates:
+            raise InputError("sweep: give --rates (or a [sweep] table in --config)")
+        names = args.workloads or [base.workload.label]
+        workloads = [SweepWorkload(workload=n, rates_per_s=args.rates) for n in names]
+    else:
+        workloads = sweep.workloads
+    return SweepConfig(systems=systems, workloads=workloads)
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    base, sweep = config_from_args(args)
+    sweep = _sweep_from_args(args, base, sweep)
+    configs = plan_sweep(base, sweep)
+    rows = run_sweep(configs, args.jobs, progress=not args.quiet)
+    c = base.cluster
+    title = f"{c.model} on {c.num_gpus} x {c.gpu}, {c.deployment}"
+    print_table(summary_table(title, rows))
+    out_dir = Path(args.out)
+    write_json(out_dir / "sweep.json", {"rows": rows, "configs": [x.model_dump(mode="json") for x in configs]})
+    write_csv(out_dir / "sweep.csv", rows)
+    plot_attainment(rows, out_dir / "sweep.png", title)
+    print(f"results in {out_dir}/ (sweep.json with every run's configuration, sweep.csv, sweep.png)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ampd", description="AMPD: multi-round LLM serving on PD-disaggregated clusters")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("simulate", help="simulate one system at one rate")
+    add_run_options(sim)
+    sim.add_argument("--system", help="ampd, ampd-no-reorder or pd-disagg")
+    sim.add_argument("--workload", help="toolbench|gaia|hotpotqa|dureader, builtin:<trace>, or a trace file")
+    sim.add_argument("--rate", type=float, help="session arrival rate (sessions/s)")
+    sim.set_defaults(func=cmd_simulate)
+    sw = sub.add_parser("sweep", help="simulate systems x workloads x rates; table and PNG")
+    add_run_options(sw)
+    sw.add_argument("--systems", type=_names, help="comma-separated systems (default: ampd,pd-disagg)")
+    sw.add_argument("--workloads", type=_names, help="comma-separated workloads (as in simulate --workload)")
+    sw.add_argument("--rates", type=_floats, help="comma-separated rates (sessions/s), every workload")
+    sw.add_argument("--jobs", type=int, help="parallel runs (default: every core)")
+    sw.add_argument("--quiet", action="store_true", help="no progress bar")
+    sw.set_defaults(func=cmd_sweep)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except AmpdError as err:
+        print(f"ampd: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Command-line options shared by the subcommands, and how they override the
+configuration file."""
+
+from __future__ import annotations
+
+import argparse
+
+from ampd.config import RunConfig, SweepConfig, load_config, override
+from ampd.metrics.slo import SloScope
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """Options that override a RunConfig (each defaults to the config's value)."""
+    p.add_argument("--config", help="TOML configuration file (fields: see docs/CONFIG.md)")
+    p.add_argument("--model", help="model name, e.g. Llama-3.1-70B")
+    p.add_argument("--gpu", help="GPU type, e.g. H20")
+    p.add_argument("--gpus", type=int, help="GPUs in the cluster")
+    p.add_argument("--deployment", help="e.g. 'P:<TP=2,DP=2> D:<TP=4,DP=1>'")
+    p.add_argument("--num-sessions", type=int, help="sessions to simulate")
+    p.add_argument("--arrivals", choices=["poisson", "recorded"], help="arrival process for traces")
+    p.add_argument("--seed", type=int, help="seed of the workload and the router")
+    p.add_argument("--ttft-slo-s", type=float, help="TTFT threshold (default: derived, see docs)")
+    p.add_argument("--itl-slo-s", type=float, help="ITL threshold (default: derived, see docs)")
+    p.add_argument("--scope", choices=[s.value for s in SloScope], help="SLO scope: mean (default) or strict")
+    p.add_argument("--alpha", type=float, help="Algorithm 1 prefill slack (0.9)")
+    p.add_argument("--beta", type=float, help="Algorithm 1 decode slack (0.85)")
+    p.add_argument("--reorder-window", type=int, help="Algorithm 2 window w (3)")
+    p.add_argument("--out", default="out", help="directory for results (default: out/)")
+
+
+def _pick(**values) -> dict:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[RunConfig, SweepConfig | None]:
+    """The file's configuration (or the defaults) with the given options applied,
+    and the file's sweep table if it has one.
+
+    Raises:
+        InputError: unreadable file or invalid field, named.
+    """
+    config, sweep = load_config(args.config) if args.config else (RunConfig(), None)
+    changes = {
+        "cluster": _pick(model=args.model, gpu=args.gpu, num_gpus=args.gpus, deployment=args.deployment),
+        "slo": _pick(ttft_s=args.ttft_slo_s, itl_s=args.itl_slo_s, scope=args.scope),
+        "policy": _pick(alpha=args.alpha, beta=args.beta, reorder_window=args.reorder_window),
+        "workload": _pick(num_sessions=args.num_sessions, arrivals=args.arrivals, seed=args.seed),
+    }
+    if args.seed is not None:
+        changes["seed"] = args.seed
+    return override(config, **{k: v for k, v in changes.items() if v != {}}), sweep

@@ -1,0 +1,56 @@
+"""Default SLO thresholds when a run does not set them.
+
+The paper does not publish its thresholds (AMPD.md section 4). [our choice] Both
+are multiples of an unloaded latency of the workload on a reference replica, so
+they scale with model, GPU and prompt lengths:
+
+- reference replica: TP = twice the smallest power-of-two degree whose GPUs hold
+  the weights with room for KV (capped at 8), the size a deployment would use;
+- TTFT threshold = ``TTFT_FACTOR`` x the mean, over every round of the workload,
+  of the unloaded prefill time ``T_pre(l_hist, l_incr)`` on that replica;
+- ITL threshold = ``ITL_FACTOR`` x the decode-step time of a batch of
+  ``REF_BATCH`` sequences of the workload's mean context on that replica.
+"""
+
+from __future__ import annotations
+
+from ampd.core.errors import InputError
+from ampd.core.session import Session
+from ampd.perf.interface import PerfModel
+from ampd.policy.routing import SloThresholds
+
+TTFT_FACTOR = 5.0
+ITL_FACTOR = 1.5
+REF_BATCH = 32
+_DEGREES = (1, 2, 4, 8)
+
+
+def reference_tp(perf: PerfModel) -> int:
+    """TP of the reference replica (see module docstring).
+
+    Raises:
+        InputError: the model fits at no degree up to 8.
+    """
+    fitting = [tp for tp in _DEGREES if perf.kv_capacity_tokens(tp) > 0]
+    if not fitting:
+        raise InputError("the model's weights fit on no replica of up to 8 GPUs")
+    return min(2 * fitting[0], _DEGREES[-1])
+
+
+def derive_slo(perf: PerfModel, sessions: list[Session]) -> SloThresholds:
+    """Thresholds by the rule of the module docstring.
+
+    Raises:
+        InputError: no sessions, or the model fits nowhere.
+    """
+    if not sessions:
+        raise InputError("cannot derive SLO thresholds from an empty workload")
+    tp = reference_tp(perf)
+    prefills = [perf.prefill_s(s.history_tokens(i), r.input_tokens, tp)
+                for s in sessions for i, r in enumerate(s.rounds)]
+    contexts = [s.history_tokens(i) + r.input_tokens + r.output_tokens / 2
+                for s in sessions for i, r in enumerate(s.rounds)]
+    mean_context = sum(contexts) / len(contexts)
+    ttft_s = TTFT_FACTOR * sum(prefills) / len(prefills)
+    itl_s = ITL_FACTOR * perf.decode_step_s(REF_BATCH, int(REF_BATCH * mean_context), tp)
+    return SloThresholds(ttft_s, itl_s)
