@@ -55,6 +55,8 @@ def sessions_for(config: RunConfig) -> list[Session]:
         sessions = builtin_trace(w.trace.removeprefix("builtin:"))
     else:
         sessions = load_any(w.trace, w.trace_format)
+    if w.num_sessions > len(sessions):
+        raise InputError(f"workload.num_sessions = {w.num_sessions}, but trace {w.trace} holds {len(sessions)} sessions")
     sessions = take(sessions, w.num_sessions)
     if w.arrivals == "poisson" or len(sessions) < 2:
         return with_poisson_arrivals(sessions, w.rate_per_s, rng)

@@ -1,0 +1,104 @@
+"""The ``ampd`` command end to end on small runs, and its errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ampd.cli.main import main
+from ampd.config import load_config
+
+
+def test_simulate_writes_results_with_config(tmp_path):
+    rc = main(["simulate", "--workload", "toolbench", "--num-sessions", "20", "--rate", "0.5", "--out", str(tmp_path)])
+    assert rc == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert summary["num_sessions"] == 20 and summary["num_complete"] == 20
+    assert config["workload"]["rate_per_s"] == 0.5 and config["slo"]["ttft_s"] == summary["ttft_slo_s"]
+    decisions = (tmp_path / "decisions.jsonl").read_text().splitlines()
+    assert len(decisions) == 20 + summary["num_rounds"]  # one bind per session, one route per round
+    assert (tmp_path / "rounds.csv").read_text().count("\n") == summary["num_rounds"] + 1
+
+
+def test_saved_config_reproduces_the_run(tmp_path):
+    main(["simulate", "--workload", "hotpotqa", "--num-sessions", "15", "--rate", "1", "--out", str(tmp_path / "a")])
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())
+    toml = tmp_path / "again.toml"
+    toml.write_text(_to_toml(saved))
+    main(["simulate", "--config", str(toml), "--out", str(tmp_path / "b")])
+    a = json.loads((tmp_path / "a" / "summary.json").read_text())
+    b = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert a == b
+
+
+def _to_toml(config: dict) -> str:
+    lines = [f"{k} = {json.dumps(v)}" for k, v in config.items() if not isinstance(v, dict)]
+    for section, values in config.items():
+        if isinstance(values, dict):
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def test_sweep_from_config_file_writes_table_csv_and_plot(tmp_path, capsys):
+    toml = tmp_path / "sweep.toml"
+    toml.write_text("""
+[workload]
+num_sessions = 15
+[sweep]
+systems = ["ampd", "pd-disagg"]
+[[sweep.workloads]]
+workload = "toolbench"
+rates_per_s = [0.5, 2.0]
+[[sweep.workloads]]
+workload = "builtin:trtllm-swebench"
+num_sessions = 2
+rates_per_s = [0.1]
+""")
+    assert main(["sweep", "--config", str(toml), "--out", str(tmp_path / "o"), "--jobs", "1", "--quiet"]) == 0
+    rows = json.loads((tmp_path / "o" / "sweep.json").read_text())["rows"]
+    assert [(r["system"], r["workload"], r["rate_per_s"]) for r in rows] == [
+        ("ampd", "toolbench", 0.5), ("ampd", "toolbench", 2.0), ("pd-disagg", "toolbench", 0.5),
+        ("pd-disagg", "toolbench", 2.0), ("ampd", "builtin:trtllm-swebench", 0.1),
+        ("pd-disagg", "builtin:trtllm-swebench", 0.1)]
+    assert (tmp_path / "o" / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "SLO attain." in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--workload", "nosuch"], "nosuch"),
+    (["simulate", "--system", "nosuch"], "unknown system 'nosuch'"),
+    (["simulate", "--model", "GPT-9"], "GPT-9"),
+    (["simulate", "--gpu", "Z100"], "Z100"),
+    (["simulate", "--deployment", "P:<TP=8,DP=2> D:<TP=8,DP=1>"], "needs 24 GPUs, the cluster has 8"),
+    (["simulate", "--num-sessions", "0"], "workload.num_sessions"),
+    (["simulate", "--config", "/nonexistent.toml"], "/nonexistent.toml: no such configuration file"),
+    (["sweep"], "give --rates"),
+    (["simulate", "--workload", "builtin:trtllm-swebench"], "holds 2 sessions"),
+])
+def test_bad_input_exits_2_with_a_named_reason(argv, message, capsys, tmp_path):
+    assert main(argv + ["--out", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_config_file_field_errors_name_file_and_field(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[policy]\nalpha = -1\n[cluster]\nnum_gpus = 'eight'\n")
+    with pytest.raises(Exception) as err:
+        load_config(bad)
+    text = str(err.value)
+    assert str(bad) in text and "policy.alpha" in text and "cluster.num_gpus" in text
+    bad.write_text("[cluster\n")
+    with pytest.raises(Exception, match="not valid TOML"):
+        load_config(bad)
+    bad.write_text("[sweep]\nsystems = ['ampd']\n[[sweep.workloads]]\nworkload = 'toolbench'\nrates_per_s = [-1]\n")
+    with pytest.raises(Exception, match="sweep.workloads.0"):
+        load_config(bad)
+
+
+def test_demo_config_is_valid():
+    config, sweep = load_config(Path(__file__).resolve().parent.parent / "configs" / "demo.toml")
+    assert config.cluster.num_gpus == 8 and config.cluster.gpu == "H20" and config.cluster.model == "Llama-3.1-70B"
+    assert {"ampd", "pd-disagg"} <= set(sweep.systems)
+    assert [w.workload for w in sweep.workloads] == ["builtin:mooncake-conversation", "toolbench"]
