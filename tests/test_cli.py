@@ -102,3 +102,11 @@ def test_demo_config_is_valid():
     assert config.cluster.num_gpus == 8 and config.cluster.gpu == "H20" and config.cluster.model == "Llama-3.1-70B"
     assert {"ampd", "pd-disagg"} <= set(sweep.systems)
     assert [w.workload for w in sweep.workloads] == ["builtin:mooncake-conversation", "toolbench"]
+
+
+def test_documented_example_config_is_valid(tmp_path):
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "CONFIG.md").read_text()
+    example = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "example.toml").write_text(example)
+    config, sweep = load_config(tmp_path / "example.toml")
+    assert config.slo.ttft_s == 1.0 and sweep.workloads[0].rates_per_s == [0.5, 1.0, 2.0]
