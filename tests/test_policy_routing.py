@@ -20,7 +20,7 @@ def test_step1_takes_a_prefill_worker_under_alpha_threshold():
     v = view(decode(0, itl=0.01), prefill(1, ttft=1.81), prefill(2, ttft=1.8))
     for seed in range(10):  # whatever the visiting order, only worker 2 qualifies (1.8 <= 1.8)
         d = router(seed).route(task(), v, 0.0)
-        assert (d.worker_id, d.local, d.rule) == (2, False, "prefill-window")
+        assert (d.worker_id, d.local, d.rule, d.basis_s) == (2, False, "prefill-window", 1.8)
 
 
 def test_step1_random_order_spreads_over_qualifying_workers():
@@ -38,7 +38,7 @@ def test_idle_prefill_worker_reads_zero_and_qualifies():
 def test_step2_local_when_decode_itl_under_beta_threshold():
     v = view(decode(0, itl=0.085), prefill(1, ttft=1.9))
     d = router().route(task(), v, 0.0)
-    assert (d.worker_id, d.local, d.rule) == (0, True, "decode-window")
+    assert (d.worker_id, d.local, d.rule, d.basis_s) == (0, True, "decode-window", 0.085)
 
 
 def test_step3_remote_estimate_wins():
@@ -49,7 +49,7 @@ def test_step3_remote_estimate_wins():
              prefill(1, ttft=3.0, busy_s=0.2, queue=[queued(0.4)]), prefill(2, ttft=3.0))
     d = router().route(task(hist=1000, new=500), v, 0.0)
     assert (d.worker_id, d.local, d.rule) == (2, False, "estimate")
-    assert d.estimate_s == pytest.approx(0.515)
+    assert d.basis_s == pytest.approx(0.515)
     assert dict(d.alternatives) == pytest.approx({0: 0.8, 1: 1.115, 2: 0.515})
 
 
@@ -57,7 +57,7 @@ def test_step3_local_estimate_wins():
     # t_local = 0.5; the only prefill worker: drain 1.0 + 0.515 = 1.515
     v = view(decode(0, itl=0.2), prefill(1, ttft=3.0, busy_s=1.0))
     d = router().route(task(hist=1000, new=500), v, 0.0)
-    assert (d.worker_id, d.local, d.estimate_s) == (0, True, pytest.approx(0.5))
+    assert (d.worker_id, d.local, d.basis_s) == (0, True, pytest.approx(0.5))
 
 
 def test_always_remote_picks_least_drain_and_never_local():

@@ -6,6 +6,7 @@ Validation errors name the field (and the file when loaded from one).
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -56,14 +57,16 @@ class WorkloadConfig(_Strict):
     """Which sessions to serve: a synthetic workload by ``name`` or a ``trace``
     (a shipped trace as ``builtin:<name>``, or a file path), never both.
 
-    ``arrivals``: ``poisson`` draws new arrivals at ``rate_per_s``; ``recorded``
-    keeps a trace's own arrival pattern, rescaled to ``rate_per_s``.
+    ``num_sessions``: how many sessions; None means 200 synthetic sessions, or
+    every session of a trace. ``arrivals``: ``poisson`` draws new arrivals at
+    ``rate_per_s``; ``recorded`` keeps a trace's own arrival pattern, rescaled
+    to ``rate_per_s``.
     """
 
     name: str | None = "toolbench"
     trace: str | None = None
     trace_format: str | None = None
-    num_sessions: int = Field(200, ge=1)
+    num_sessions: int | None = Field(None, ge=1)
     rate_per_s: float = Field(1.0, gt=0)
     arrivals: Literal["poisson", "recorded"] = "poisson"
     seed: int = 0
@@ -129,24 +132,37 @@ def parse_config(data: dict, source: str = "configuration") -> RunConfig:
         raise InputError(f"{source}: {_errors_text(err)}") from None
 
 
-def _read_toml(path: Path) -> dict:
+def _read(path: Path) -> dict:
+    """A TOML file, or a JSON one (``.json``: the ``config.json`` a run saves)."""
     try:
-        return tomllib.loads(path.read_text())
+        text = path.read_text()
     except (FileNotFoundError, IsADirectoryError):
         raise InputError(f"{path}: no such configuration file") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not a text file") from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}: not valid JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise InputError(f"{path}: expected a JSON object at the top")
+        return data
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise InputError(f"{path}: not valid TOML: {err}") from None
 
 
 def load_config(path: str | Path) -> tuple[RunConfig, SweepConfig | None]:
-    """Read a TOML configuration file: the run configuration and, if the file has
-    a ``[sweep]`` table, the sweep.
+    """Read a configuration file (TOML, or JSON when it ends in ``.json``): the run
+    configuration and, if the file has a ``sweep`` table, the sweep.
 
     Raises:
-        InputError: the file is missing, is not TOML, or has a bad field (named).
+        InputError: the file is missing, unreadable, or has a bad field (named).
     """
     path = Path(path)
-    data = _read_toml(path)
+    data = _read(path)
     sweep_data = data.pop("sweep", None)
     config = parse_config(data, str(path))
     if sweep_data is None:

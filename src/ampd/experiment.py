@@ -25,6 +25,9 @@ from ampd.slo_rule import derive_slo
 from ampd.workload import builtin_trace, generate, load_any, rescale_rate, take, with_poisson_arrivals
 
 
+SYNTHETIC_SESSIONS = 200  # sessions of a synthetic workload when workload.num_sessions is not set
+
+
 @dataclass
 class RunOutput:
     """A finished run: its configuration, thresholds, summary and raw result."""
@@ -50,14 +53,16 @@ def sessions_for(config: RunConfig) -> list[Session]:
     w = config.workload
     rng = np.random.default_rng(w.seed)
     if w.name is not None:
-        return generate(w.name, w.num_sessions, w.rate_per_s, rng)
+        return generate(w.name, w.num_sessions or SYNTHETIC_SESSIONS, w.rate_per_s, rng)
     if w.trace.startswith("builtin:"):
         sessions = builtin_trace(w.trace.removeprefix("builtin:"))
     else:
         sessions = load_any(w.trace, w.trace_format)
-    if w.num_sessions > len(sessions):
-        raise InputError(f"workload.num_sessions = {w.num_sessions}, but trace {w.trace} holds {len(sessions)} sessions")
-    sessions = take(sessions, w.num_sessions)
+    if w.num_sessions is not None:
+        if w.num_sessions > len(sessions):
+            raise InputError(f"workload.num_sessions = {w.num_sessions}, but trace {w.trace} holds "
+                             f"{len(sessions)} sessions")
+        sessions = take(sessions, w.num_sessions)
     if w.arrivals == "poisson" or len(sessions) < 2:
         return with_poisson_arrivals(sessions, w.rate_per_s, rng)
     return _at_rate(sessions, w.rate_per_s)

@@ -13,6 +13,7 @@ from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
 from ampd.core.errors import AmpdError, InputError
 from ampd.experiment import simulate
 from ampd.metrics.plot import plot_attainment
+from ampd.policy.systems import SYSTEMS
 from ampd.metrics.report import decision_rows, round_rows, write_csv, write_json, write_jsonl
 from ampd.sweep import plan_sweep, resolve_slo, run_sweep, workload_source
 
@@ -44,7 +45,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     print_table(summary_table(f"{config.cluster.model} on {config.cluster.num_gpus} x {config.cluster.gpu}, "
                               f"{config.cluster.deployment}; SLO TTFT {out.slo.ttft_s:.2f} s, "
                               f"ITL {1000 * out.slo.itl_s:.0f} ms ({config.slo.scope.value} scope)", [row]))
-    out_dir = Path(args.out)
+    out_dir = Path(args.out or "out/simulate")
     write_json(out_dir / "config.json", config.model_dump(mode="json"))
     write_json(out_dir / "summary.json", {**row, "ttft_slo_s": out.slo.ttft_s, "itl_slo_s": out.slo.itl_s,
                                           "num_events": out.result.num_events})
@@ -74,7 +75,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     c = base.cluster
     title = f"{c.model} on {c.num_gpus} x {c.gpu}, {c.deployment}"
     print_table(summary_table(title, rows))
-    out_dir = Path(args.out)
+    out_dir = Path(args.out or "out/sweep")
     write_json(out_dir / "sweep.json", {"rows": rows, "configs": [x.model_dump(mode="json") for x in configs]})
     write_csv(out_dir / "sweep.csv", rows)
     plot_attainment(rows, out_dir / "sweep.png", title)
@@ -86,13 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="simulate one system at one rate")
     add_run_options(sim)
-    sim.add_argument("--system", help="ampd, ampd-no-reorder or pd-disagg")
+    sim.add_argument("--system", help=f"one of {', '.join(SYSTEMS)} (default: ampd)")
     sim.add_argument("--workload", help="toolbench|gaia|hotpotqa|dureader, builtin:<trace>, or a trace file")
     sim.add_argument("--rate", type=float, help="session arrival rate (sessions/s)")
     sim.set_defaults(func=cmd_simulate)
     sw = sub.add_parser("sweep", help="simulate systems x workloads x rates; table and PNG")
     add_run_options(sw)
-    sw.add_argument("--systems", type=_names, help="comma-separated systems (default: ampd,pd-disagg)")
+    sw.add_argument("--systems", type=_names, help=f"comma-separated, of {', '.join(SYSTEMS)} (default: ampd,pd-disagg)")
     sw.add_argument("--workloads", type=_names, help="comma-separated workloads (as in simulate --workload)")
     sw.add_argument("--rates", type=_floats, help="comma-separated rates (sessions/s), every workload")
     sw.add_argument("--jobs", type=int, help="parallel runs (default: every core)")

@@ -25,7 +25,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, help="Algorithm 1 prefill slack (0.9)")
     p.add_argument("--beta", type=float, help="Algorithm 1 decode slack (0.85)")
     p.add_argument("--reorder-window", type=int, help="Algorithm 2 window w (3)")
-    p.add_argument("--out", default="out", help="directory for results (default: out/)")
+    p.add_argument("--out", help="directory for results (default: out/<command>/)")
 
 
 def _pick(**values) -> dict:

@@ -35,8 +35,12 @@ class RouteDecision:
             beta x threshold), ``"prefill-predicted"`` (step 1 of the predictive
             variant), ``"estimate"`` (step 3: smallest predicted
             completion), or ``"always-remote"``.
-        estimate_s: predicted completion time of the chosen option (step 3, and
-            the predicted TTFT for ``"prefill-predicted"``; else None).
+        basis_s: the figure the rule compared, seconds: the chosen worker's
+            windowed TTFT (``"prefill-window"``, 0 when its window is empty), the
+            decode worker's windowed ITL (``"decode-window"``, likewise), the
+            predicted completion (``"estimate"``), the predicted TTFT
+            (``"prefill-predicted"``), the chosen worker's queue drain
+            (``"always-remote"``).
         alternatives: (worker id, predicted completion s) of every option weighed in
             step 3, local first; empty for the other rules.
     """
@@ -46,7 +50,7 @@ class RouteDecision:
     worker_id: int
     local: bool
     rule: str
-    estimate_s: float | None = None
+    basis_s: float = 0.0
     alternatives: tuple[tuple[int, float], ...] = ()
 
 

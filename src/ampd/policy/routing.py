@@ -79,11 +79,17 @@ class AdaptiveRouter:
         prefills = list(view.prefill_workers)
         self.rng.shuffle(prefills)
         for w in prefills:
-            if (w.windowed_ttft_s or 0.0) <= self.alpha * self.slo.ttft_s:
-                return RouteDecision(task.session_id, task.round_index, w.worker_id, False, "prefill-window")
-        if (decode.windowed_itl_s or 0.0) <= self.beta * self.slo.itl_s:
-            return RouteDecision(task.session_id, task.round_index, decode.worker_id, True, "decode-window")
-        return self._by_estimate(task, decode, sorted(prefills, key=lambda w: w.worker_id))
+            ttft_s = w.windowed_ttft_s or 0.0
+            if ttft_s <= self.alpha * self.slo.ttft_s:
+                return RouteDecision(task.session_id, task.round_index, w.worker_id, False, "prefill-window", ttft_s)
+        return self._local_or_estimate(task, decode, sorted(prefills, key=lambda w: w.worker_id))
+
+    def _local_or_estimate(self, task: PrefillTask, decode: WorkerView, prefills: list[WorkerView]) -> RouteDecision:
+        """Steps 2 and 3."""
+        itl_s = decode.windowed_itl_s or 0.0
+        if itl_s <= self.beta * self.slo.itl_s:
+            return RouteDecision(task.session_id, task.round_index, decode.worker_id, True, "decode-window", itl_s)
+        return self._by_estimate(task, decode, prefills)
 
     def _by_estimate(self, task: PrefillTask, decode: WorkerView, prefills: list[WorkerView]) -> RouteDecision:
         options = [(decode.worker_id, local_estimate_s(task, decode, self.perf))]
@@ -114,9 +120,7 @@ class PredictiveRouter(AdaptiveRouter):
                                for w in prefills)
             if best_s <= self.alpha * self.slo.ttft_s:
                 return RouteDecision(task.session_id, task.round_index, best, False, "prefill-predicted", best_s)
-        if (decode.windowed_itl_s or 0.0) <= self.beta * self.slo.itl_s:
-            return RouteDecision(task.session_id, task.round_index, decode.worker_id, True, "decode-window")
-        return self._by_estimate(task, decode, prefills)
+        return self._local_or_estimate(task, decode, prefills)
 
 
 class AlwaysRemoteRouter:
@@ -132,4 +136,5 @@ class AlwaysRemoteRouter:
         if not prefills:
             raise ValueError("always-remote routing needs at least one prefill worker")
         best = min(prefills, key=lambda w: (w.queue_drain_s, w.worker_id))
-        return RouteDecision(task.session_id, task.round_index, best.worker_id, False, "always-remote")
+        return RouteDecision(task.session_id, task.round_index, best.worker_id, False, "always-remote",
+                             best.queue_drain_s)
