@@ -15,10 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ampd.core.errors import InputError
 from ampd.metrics.slo import SloScope
+from ampd.workload import FORMATS
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ClusterConfig(_Strict):
@@ -30,7 +31,7 @@ class ClusterConfig(_Strict):
 
     model: str = "Llama-3.1-70B"
     gpu: str = "H20"
-    num_gpus: int = Field(8, ge=1)
+    num_gpus: int = Field(8, ge=1, le=65536)
     gpus_per_server: int = Field(8, ge=1)
     deployment: str = "P:<TP=2,DP=2> D:<TP=4,DP=1>"
     network_gb_per_s: float = Field(200.0, gt=0, description="between servers (AMPD.md section 4: InfiniBand 200 GB/s)")
@@ -63,18 +64,30 @@ class WorkloadConfig(_Strict):
     to ``rate_per_s``.
     """
 
-    name: str | None = "toolbench"
+    name: str | None = None
     trace: str | None = None
     trace_format: str | None = None
     num_sessions: int | None = Field(None, ge=1)
     rate_per_s: float = Field(1.0, gt=0)
     arrivals: Literal["poisson", "recorded"] = "poisson"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: dict) -> dict:
+        """Without a trace, the default workload is ToolBench-like."""
+        if isinstance(data, dict) and data.get("name") is None and data.get("trace") is None:
+            return {**data, "name": "toolbench"}
+        return data
 
     @model_validator(mode="after")
     def _one_source(self) -> "WorkloadConfig":
         if (self.name is None) == (self.trace is None):
             raise ValueError("give exactly one of workload.name and workload.trace")
+        if self.trace_format is not None and self.trace is None:
+            raise ValueError("workload.trace_format applies to workload.trace only")
+        if self.trace_format is not None and self.trace_format not in FORMATS:
+            raise ValueError(f"unknown trace_format {self.trace_format!r}; known: {', '.join(FORMATS)}")
         return self
 
     @property
@@ -86,7 +99,7 @@ class RunConfig(_Strict):
     """Everything one simulation run depends on."""
 
     system: str = "ampd"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     cluster: ClusterConfig = ClusterConfig()
     slo: SloConfig = SloConfig()
     policy: PolicyConfig = PolicyConfig()

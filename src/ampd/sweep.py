@@ -11,6 +11,7 @@ from concurrent.futures import ProcessPoolExecutor
 from tqdm import tqdm
 
 from ampd.config import RunConfig, SweepConfig, override
+from ampd.core.errors import InputError
 from ampd.experiment import perf_model_for, sessions_for, simulate, slo_for
 from ampd.workload import WORKLOADS
 
@@ -18,8 +19,10 @@ from ampd.workload import WORKLOADS
 def workload_source(text: str) -> dict:
     """The ``workload`` fields for a command-line workload: a synthetic name
     (``toolbench``), a shipped trace (``builtin:mooncake-conversation``) or a file."""
+    if not text.strip():
+        raise InputError("workload: empty name; give a synthetic workload, builtin:<trace> or a file")
     if text.lower() in WORKLOADS:
-        return {"name": text.lower(), "trace": None}
+        return {"name": text.lower(), "trace": None, "trace_format": None}
     return {"name": None, "trace": text}
 
 

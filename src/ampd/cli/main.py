@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from ampd.cli.options import add_run_options, config_from_args
+from ampd.cli.options import add_run_options, config_from_args, output_dir
 from ampd.cli.tables import print_table, summary_table
 from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
 from ampd.core.errors import AmpdError, InputError
 from ampd.experiment import simulate
 from ampd.metrics.plot import plot_attainment
-from ampd.policy.systems import SYSTEMS
 from ampd.metrics.report import decision_rows, round_rows, write_csv, write_json, write_jsonl
+from ampd.policy.systems import SYSTEMS
 from ampd.sweep import plan_sweep, resolve_slo, run_sweep, workload_source
 
 
@@ -29,14 +28,28 @@ def _floats(text: str) -> list[float]:
 
 
 def _names(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return names
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
     config, _ = config_from_args(args)
-    changes = {"system": args.system} if args.system else {}
-    workload = {"rate_per_s": args.rate} if args.rate else {}
-    if args.workload:
+    out_dir = output_dir(args, "out/simulate")
+    changes = {"system": args.system} if args.system is not None else {}
+    workload = {"rate_per_s": args.rate} if args.rate is not None else {}
+    if args.workload is not None:
         workload.update(workload_source(args.workload))
     config = resolve_slo(override(config, **changes, workload=workload))
     out = simulate(config)
@@ -45,7 +58,6 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     print_table(summary_table(f"{config.cluster.model} on {config.cluster.num_gpus} x {config.cluster.gpu}, "
                               f"{config.cluster.deployment}; SLO TTFT {out.slo.ttft_s:.2f} s, "
                               f"ITL {1000 * out.slo.itl_s:.0f} ms ({config.slo.scope.value} scope)", [row]))
-    out_dir = Path(args.out or "out/simulate")
     write_json(out_dir / "config.json", config.model_dump(mode="json"))
     write_json(out_dir / "summary.json", {**row, "ttft_slo_s": out.slo.ttft_s, "itl_slo_s": out.slo.itl_s,
                                           "num_events": out.result.num_events})
@@ -68,6 +80,7 @@ def _sweep_from_args(args: argparse.Namespace, base: RunConfig, sweep: SweepConf
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
+    out_dir = output_dir(args, "out/sweep")
     base, sweep = config_from_args(args)
     sweep = _sweep_from_args(args, base, sweep)
     configs = plan_sweep(base, sweep)
@@ -75,7 +88,6 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     c = base.cluster
     title = f"{c.model} on {c.num_gpus} x {c.gpu}, {c.deployment}"
     print_table(summary_table(title, rows))
-    out_dir = Path(args.out or "out/sweep")
     write_json(out_dir / "sweep.json", {"rows": rows, "configs": [x.model_dump(mode="json") for x in configs]})
     write_csv(out_dir / "sweep.csv", rows)
     plot_attainment(rows, out_dir / "sweep.png", title)
@@ -96,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--systems", type=_names, help=f"comma-separated, of {', '.join(SYSTEMS)} (default: ampd,pd-disagg)")
     sw.add_argument("--workloads", type=_names, help="comma-separated workloads (as in simulate --workload)")
     sw.add_argument("--rates", type=_floats, help="comma-separated rates (sessions/s), every workload")
-    sw.add_argument("--jobs", type=int, help="parallel runs (default: every core)")
+    sw.add_argument("--jobs", type=_positive_int, help="parallel runs (default: every core)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
     return parser

@@ -4,8 +4,11 @@ configuration file."""
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from ampd.config import RunConfig, SweepConfig, load_config, override
+from ampd.core.errors import InputError
 from ampd.metrics.slo import SloScope
 
 
@@ -18,6 +21,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deployment", help="e.g. 'P:<TP=2,DP=2> D:<TP=4,DP=1>'")
     p.add_argument("--num-sessions", type=int, help="sessions to simulate")
     p.add_argument("--arrivals", choices=["poisson", "recorded"], help="arrival process for traces")
+    p.add_argument("--trace-format", help="format of a trace file (default: guessed): ampd, trtllm, mooncake, "
+                                          "tracelab, session-delay")
     p.add_argument("--seed", type=int, help="seed of the workload and the router")
     p.add_argument("--ttft-slo-s", type=float, help="TTFT threshold (default: derived, see docs)")
     p.add_argument("--itl-slo-s", type=float, help="ITL threshold (default: derived, see docs)")
@@ -26,6 +31,23 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beta", type=float, help="Algorithm 1 decode slack (0.85)")
     p.add_argument("--reorder-window", type=int, help="Algorithm 2 window w (3)")
     p.add_argument("--out", help="directory for results (default: out/<command>/)")
+
+
+def output_dir(args: argparse.Namespace, default: str) -> Path:
+    """The results folder (``--out`` or ``default``), created now so that a path
+    that cannot be written fails before any simulation runs.
+
+    Raises:
+        InputError: the folder cannot be created or is not a folder.
+    """
+    path = Path(args.out or default)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"--out {path}: cannot create the results folder: {err.strerror or err}") from None
+    if not os.access(path, os.W_OK):
+        raise InputError(f"--out {path}: the results folder is not writable")
+    return path
 
 
 def _pick(**values) -> dict:
@@ -44,7 +66,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[RunConfig, SweepConfig |
         "cluster": _pick(model=args.model, gpu=args.gpu, num_gpus=args.gpus, deployment=args.deployment),
         "slo": _pick(ttft_s=args.ttft_slo_s, itl_s=args.itl_slo_s, scope=args.scope),
         "policy": _pick(alpha=args.alpha, beta=args.beta, reorder_window=args.reorder_window),
-        "workload": _pick(num_sessions=args.num_sessions, arrivals=args.arrivals, seed=args.seed),
+        "workload": _pick(num_sessions=args.num_sessions, arrivals=args.arrivals, seed=args.seed,
+                          trace_format=args.trace_format),
     }
     if args.seed is not None:
         changes["seed"] = args.seed

@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ampd.core.deployment import WorkerSpec
-from ampd.core.errors import InputError
+from ampd.core.errors import AmpdError, InputError
 from ampd.perf.alphabeta import DecodeCost, PrefillCost
 from ampd.perf.calibrate import efficiency_for
 from ampd.perf.catalog import GpuSpec, ModelSpec, gpu, kv_bytes_per_token, model
@@ -112,7 +112,12 @@ class AlphaBetaPerfModel:
             InputError: not this format, missing fields, or unknown names.
             ImpossibleFitError: coefficients that give negative or non-monotone times.
         """
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise InputError(f"perf model JSON: not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise InputError(f"perf model JSON: expected an object at the top, got {type(data).__name__}")
         if data.get("format") != FORMAT:
             raise InputError(f"perf model JSON: format {data.get('format')!r}, expected {FORMAT!r}")
         try:
@@ -121,7 +126,9 @@ class AlphaBetaPerfModel:
                        {tp: PrefillCost.from_dict(c["prefill"]) for tp, c in tps.items()},
                        {tp: DecodeCost.from_dict(c["decode"]) for tp, c in tps.items()},
                        data.get("fit_report", {}))
-        except (KeyError, TypeError) as exc:
+        except AmpdError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"perf model JSON: missing or malformed field: {exc}") from None
 
     def save(self, path: str | Path) -> None:
@@ -130,8 +137,20 @@ class AlphaBetaPerfModel:
 
     @classmethod
     def load(cls, path: str | Path) -> "AlphaBetaPerfModel":
-        """Read a model written by ``save``. Raises as ``from_json``."""
-        return cls.from_json(Path(path).read_text())
+        """Read a model written by ``save``.
+
+        Raises:
+            InputError: the file cannot be read, or any error of ``from_json``,
+                its message prefixed by the file.
+        """
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read the perf model: {exc}") from None
+        try:
+            return cls.from_json(text)
+        except AmpdError as exc:
+            raise InputError(f"{path}: {exc}") from None
 
 
 def build_perf_model(model_name: str, gpu_name: str, topology: Topology | None = None,

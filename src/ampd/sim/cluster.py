@@ -82,14 +82,16 @@ class SimCluster:
         """Simulate ``sessions`` to completion.
 
         Raises:
-            InputError: a session's first round needs more KV than any decode
-                replica holds, so it could never start.
+            InputError: two sessions share an id, or a session's KV (at its
+                last round) exceeds what any decode replica holds, so it could
+                never be served.
         """
         largest = max(w.kv_capacity_tokens for w in self.workers if w.spec.role is Role.DECODE)
         for s in sorted(sessions, key=lambda s: s.arrival_s):
-            first = s.rounds[0].input_tokens + s.rounds[0].output_tokens
-            if first > largest:
-                raise InputError(f"session {s.session_id}: its first round needs {first} KV tokens, "
+            if s.session_id in self._live:
+                raise InputError(f"session id {s.session_id!r} appears twice; session ids must be unique")
+            if s.total_tokens > largest:
+                raise InputError(f"session {s.session_id}: its KV reaches {s.total_tokens} tokens, "
                                  f"the largest decode replica holds {largest}")
             live = _Live(s, SessionRecord(s.session_id, s.arrival_s, len(s.rounds)))
             self.result.sessions.append(live.record)

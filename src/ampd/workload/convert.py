@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -10,7 +9,7 @@ from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.workload.converters import (
     convert_mooncake, convert_session_delay, convert_tracelab, convert_trtllm)
-from ampd.workload.jsonl import read_text
+from ampd.workload.jsonl import lines, parse_json, read_text
 from ampd.workload.trace_format import load_trace
 
 CONVERTERS: dict[str, Callable[[str | Path], list[Session]]] = {
@@ -72,11 +71,10 @@ def guess_format(path: str | Path) -> str:
 
 
 def _first_record_keys(path: Path) -> set[str]:
-    for line in read_text(path).splitlines():
+    for line_number, line in enumerate(lines(read_text(path)), start=1):
         if line.strip():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                return set()
-            return set(record) if isinstance(record, dict) else set()
-    return set()
+            record = parse_json(line, f"{path}:{line_number}")
+            if not isinstance(record, dict):
+                raise InputError(f"{path}:{line_number}: expected a JSON object, got {type(record).__name__}")
+            return set(record)
+    raise InputError(f"{path}: empty: no JSON line in the file")

@@ -20,7 +20,7 @@ from typing import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ampd.core.session import Round, Session
+from ampd.core.session import MAX_TIME_S, MAX_TOKENS, Round, Session
 from ampd.workload.jsonl import read_json_lines
 from ampd.workload.records import input_error, parse_record
 
@@ -30,9 +30,9 @@ class RoundRecord(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    input_tokens: int = Field(ge=1)
-    output_tokens: int = Field(ge=1)
-    tool_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    input_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    output_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    tool_s: float = Field(default=0.0, ge=0.0, le=MAX_TIME_S, allow_inf_nan=False)
 
 
 class SessionRecord(BaseModel):
@@ -41,7 +41,7 @@ class SessionRecord(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     session_id: str = Field(min_length=1)
-    arrival_s: float = Field(ge=0.0, allow_inf_nan=False)
+    arrival_s: float = Field(ge=0.0, le=MAX_TIME_S, allow_inf_nan=False)
     rounds: list[RoundRecord] = Field(min_length=1)
 
     def to_session(self) -> Session:

@@ -50,7 +50,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ampd.core.session import Round, Session
+from ampd.core.errors import InputError
+from ampd.core.session import MAX_TIME_S, MAX_TOKENS, Round, Session
 from ampd.workload.jsonl import read_json_lines
 from ampd.workload.records import input_error, parse_record
 
@@ -61,9 +62,9 @@ SHARED_FRACTION = 0.01
 class _RequestRecord(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    timestamp: float = Field(ge=0.0, allow_inf_nan=False)
-    input_length: int = Field(ge=1)
-    output_length: int = Field(ge=1)
+    timestamp: float = Field(ge=0.0, le=MAX_TIME_S * 1000, allow_inf_nan=False)
+    input_length: int = Field(ge=1, le=MAX_TOKENS)
+    output_length: int = Field(ge=1, le=MAX_TOKENS)
     hash_ids: list[int]
 
 
@@ -90,8 +91,13 @@ def convert_mooncake(path: str | Path, *, block_tokens: int = BLOCK_TOKENS,
     Raises:
         InputError: ``"<file>:<line>: <field>: ..."`` for invalid JSON, a
             missing or bad field, or a ``hash_ids`` list whose length is not
-            ``ceil(input_length / block_tokens)``; also for an empty file.
+            ``ceil(input_length / block_tokens)``; also for an empty file, a
+            ``block_tokens`` below 1 or a ``shared_fraction`` outside [0, 1].
     """
+    if not (isinstance(block_tokens, int) and block_tokens >= 1):
+        raise InputError(f"convert_mooncake: block_tokens must be an integer >= 1, got {block_tokens!r}")
+    if not 0.0 <= shared_fraction <= 1.0:
+        raise InputError(f"convert_mooncake: shared_fraction must be in [0, 1], got {shared_fraction!r}")
     requests = _read_requests(path, block_tokens)
     shared = _shared_blocks(requests, shared_fraction)
     parents = _link_parents(requests, shared)

@@ -27,7 +27,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from ampd.core.session import Round, Session
+from ampd.core.session import MAX_TIME_S, MAX_TOKENS, Round, Session
 from ampd.workload.jsonl import read_json_lines
 from ampd.workload.records import input_error, parse_record
 
@@ -41,12 +41,12 @@ class _TurnRow(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     session_id: Annotated[str, BeforeValidator(_int_as_text)] = Field(min_length=1)
-    input_length: int | None = Field(default=None, ge=1)
-    input_tokens: int | None = Field(default=None, ge=1)
-    output_length: int | None = Field(default=None, ge=1)
-    output_tokens: int | None = Field(default=None, ge=1)
-    delay: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
-    timestamp: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    input_length: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    input_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    output_length: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    output_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    delay: float | None = Field(default=None, ge=0.0, le=MAX_TIME_S * 1000, allow_inf_nan=False)
+    timestamp: float | None = Field(default=None, ge=0.0, le=MAX_TIME_S * 1000, allow_inf_nan=False)
 
 
 def convert_session_delay(path: str | Path) -> list[Session]:

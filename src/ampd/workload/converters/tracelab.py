@@ -35,7 +35,7 @@ from typing import Annotated
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict
 
-from ampd.core.session import Round, Session
+from ampd.core.session import MAX_TIME_S, MAX_TOKENS, Round, Session
 from ampd.workload.jsonl import read_json_lines
 from ampd.workload.records import input_error, parse_record
 
@@ -49,7 +49,7 @@ class _TimingEvent(BaseModel):
 class _Tool(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    tool_wall_latency_ms: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    tool_wall_latency_ms: float | None = Field(default=None, ge=0.0, le=MAX_TIME_S * 1000, allow_inf_nan=False)
 
 
 class _RoundRow(BaseModel):
@@ -57,9 +57,9 @@ class _RoundRow(BaseModel):
 
     session_id: str = Field(min_length=1)
     round_index: int = Field(ge=0)
-    input_tokens_total: int = Field(ge=0)
-    newly_append_tokens: int = Field(ge=0)
-    output_tokens: int = Field(ge=0)
+    input_tokens_total: int = Field(ge=0, le=MAX_TOKENS)
+    newly_append_tokens: int = Field(ge=0, le=MAX_TOKENS)
+    output_tokens: int = Field(ge=0, le=MAX_TOKENS)
     timing_events: list[_TimingEvent] = Field(default_factory=list)
     tools: list[_Tool] = Field(default_factory=list)
 

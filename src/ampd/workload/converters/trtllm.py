@@ -24,15 +24,14 @@ are refused: a session here is one sequential chain of rounds.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ampd.core.errors import InputError
-from ampd.core.session import Round, Session
-from ampd.workload.jsonl import read_text
+from ampd.core.session import MAX_TIME_S, MAX_TOKENS, Round, Session
+from ampd.workload.jsonl import parse_json, read_text
 from ampd.workload.records import input_error, parse_record
 
 SUFFIX = ".trace.json"
@@ -54,14 +53,14 @@ class _Event(BaseModel):
 class _Assistant(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    prompt_tokens: int = Field(ge=1)
-    completion_tokens: int = Field(ge=0)
+    prompt_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    completion_tokens: int = Field(ge=0, le=MAX_TOKENS)
 
 
 class _ToolCall(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
-    duration_ms: float = Field(ge=0.0, allow_inf_nan=False)
+    duration_ms: float = Field(ge=0.0, le=MAX_TIME_S * 1000, allow_inf_nan=False)
 
 
 def convert_trtllm(path: str | Path) -> list[Session]:
@@ -76,7 +75,15 @@ def convert_trtllm(path: str | Path) -> list[Session]:
             before the first assistant message, a parallel branch, a file with
             no assistant message, or a directory with no ``*.trace.json``.
     """
-    return [_convert_file(file) for file in _trace_files(Path(path))]
+    sessions, seen = [], {}
+    for file in _trace_files(Path(path)):
+        session = _convert_file(file)
+        if session.session_id in seen:
+            raise InputError(f"{file}: session id {session.session_id!r} (the file name) is also that of "
+                             f"{seen[session.session_id]}; session ids must be unique")
+        seen[session.session_id] = file
+        sessions.append(session)
+    return sessions
 
 
 def _trace_files(path: Path) -> list[Path]:
@@ -107,10 +114,7 @@ def _convert_file(file: Path) -> Session:
 
 
 def _load_json(file: Path) -> object:
-    try:
-        return json.loads(read_text(file))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{file}:{exc.lineno}: json: {exc.msg} (column {exc.colno})") from exc
+    return parse_json(read_text(file), str(file), name_line=True)
 
 
 def _rounds(assistants: list[tuple[_Assistant, float]]) -> tuple[Round, ...]:
