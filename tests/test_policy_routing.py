@@ -64,3 +64,29 @@ def test_always_remote_picks_least_drain_and_never_local():
     v = view(decode(0), prefill(1, busy_s=0.3), prefill(2, busy_s=0.1, queue=[queued(0.1)]), prefill(3, busy_s=0.2))
     d = AlwaysRemoteRouter().route(task(), v, 0.0)
     assert (d.worker_id, d.local) == (2, False)  # drains 0.3, 0.2, 0.2: tie goes to the lowest id
+
+
+def test_threshold_length_rule_flips_at_2048_uncached_tokens():
+    from ampd.policy.routing import ThresholdRouter
+    r = ThresholdRouter(length_rule=True)
+    v = view(decode(0), prefill(1))
+    # history 10000: ratio 2047/12047 = 0.17 < 0.7; 2047 < 2048 -> local; 2048 -> remote
+    assert r.route(task(hist=10_000, new=2047), v, 0.0).local
+    assert not r.route(task(hist=10_000, new=2048), v, 0.0).local
+    # short but mostly uncached: 700 / (200 + 700) = 0.78 >= 0.7 -> remote (an initial prefill always is)
+    assert not r.route(task(hist=200, new=700), v, 0.0).local
+    assert not r.route(task(hist=0, new=100), v, 0.0).local
+
+
+def test_threshold_busy_rule_and_the_or_of_both():
+    from ampd.policy.routing import ThresholdRouter
+    busy = view(decode(0), prefill(1, queue=[queued(0.1), queued(0.1)]), prefill(2, queue=[queued(0.1), queued(0.2)]))
+    calm = view(decode(0), prefill(1, queue=[queued(0.1)]))
+    r = ThresholdRouter(length_rule=False, busy_rule=True)
+    d = r.route(task(hist=0, new=5000), busy, 0.0)
+    assert (d.local, d.rule) == (True, "threshold-busy")  # the least loaded (worker 1) has 2 waiting
+    assert r.route(task(hist=0, new=5000), calm, 0.0).worker_id == 1
+    both = ThresholdRouter(length_rule=True, busy_rule=True)
+    assert both.route(task(hist=10_000, new=500), calm, 0.0).rule == "threshold-length"
+    assert both.route(task(hist=0, new=5000), busy, 0.0).rule == "threshold-busy"
+    assert both.route(task(hist=0, new=5000), calm, 0.0).rule == "threshold-remote"

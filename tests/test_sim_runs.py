@@ -6,6 +6,7 @@ from ampd.config import RunConfig, override
 from ampd.core.errors import InputError
 from ampd.core import Round, Session
 from ampd.experiment import sessions_for, simulate
+from ampd.policy.systems import SYSTEMS
 from ampd.sweep import resolve_slo
 
 BASE = override(RunConfig(), workload={"name": "toolbench", "num_sessions": 60, "rate_per_s": 1.0})
@@ -25,7 +26,7 @@ def test_same_seed_same_results_different_seed_different():
     assert _fingerprint(c) != _fingerprint(a)
 
 
-@pytest.mark.parametrize("system", ["ampd", "ampd-predictive", "ampd-no-reorder", "pd-disagg"])
+@pytest.mark.parametrize("system", sorted(SYSTEMS))
 def test_every_round_completes_once_with_all_its_tokens(system):
     out = simulate(resolve_slo(override(BASE, system=system)))
     sessions = {s.session_id: s for s in sessions_for(out.config)}

@@ -123,18 +123,60 @@ class PredictiveRouter(AdaptiveRouter):
         return self._local_or_estimate(task, decode, prefills)
 
 
-class AlwaysRemoteRouter:
-    """Plain PD disaggregation (Dynamo's default): every prefill goes to the prefill
-    worker with the least queued work; ties to the lowest id.
+def least_loaded_prefill(view: ClusterView) -> WorkerView:
+    """The prefill worker with the least queued work (ties: lowest id): where a
+    shared prefill queue, as Dynamo's prefill workers pull from, would run a task.
 
     Raises:
-        ValueError: at routing time, when the deployment has no prefill worker.
+        ValueError: the deployment has no prefill worker.
     """
+    prefills = view.prefill_workers
+    if not prefills:
+        raise ValueError("this routing needs at least one prefill worker")
+    return min(prefills, key=lambda w: (w.queue_drain_s, w.worker_id))
+
+
+class AlwaysRemoteRouter:
+    """Plain PD disaggregation (Dynamo's default): every prefill goes to the least
+    loaded prefill worker."""
 
     def route(self, task: PrefillTask, view: ClusterView, now_s: float) -> RouteDecision:
-        prefills = view.prefill_workers
-        if not prefills:
-            raise ValueError("always-remote routing needs at least one prefill worker")
-        best = min(prefills, key=lambda w: (w.queue_drain_s, w.worker_id))
+        best = least_loaded_prefill(view)
         return RouteDecision(task.session_id, task.round_index, best.worker_id, False, "always-remote",
+                             best.queue_drain_s)
+
+
+class ThresholdRouter:
+    """Dynamo's conditional disaggregation (AMPD.md section 5): fixed rules decide
+    local or remote; remote goes to the least loaded prefill worker.
+
+    Rules (either may be switched off; local when any enabled rule holds):
+      * ``length``: the uncached prefill (the new tokens: the history is cached on
+        the decode worker) is under ``max_local_prefill_tokens`` (2048) and its
+        share of the whole prompt under ``max_uncached_ratio`` (0.7);
+      * ``busy``: the least loaded prefill worker already has
+        ``busy_queue_tasks`` (2) or more tasks waiting. [our choice] Dynamo
+        compares its prefill queue's length with ``max_prefill_queue_size``; 2
+        waiting tasks is our reading of "busy".
+    """
+
+    def __init__(self, length_rule: bool = True, busy_rule: bool = False, max_local_prefill_tokens: int = 2048,
+                 max_uncached_ratio: float = 0.7, busy_queue_tasks: int = 2) -> None:
+        if not (length_rule or busy_rule):
+            raise ValueError("threshold routing needs the length rule, the busy rule or both")
+        self.length_rule, self.busy_rule = length_rule, busy_rule
+        self.max_local_prefill_tokens, self.max_uncached_ratio = max_local_prefill_tokens, max_uncached_ratio
+        self.busy_queue_tasks = busy_queue_tasks
+
+    def route(self, task: PrefillTask, view: ClusterView, now_s: float) -> RouteDecision:
+        best = least_loaded_prefill(view)
+        uncached_ratio = task.new_tokens / (task.hist_tokens + task.new_tokens)
+        if (self.length_rule and task.new_tokens < self.max_local_prefill_tokens
+                and uncached_ratio < self.max_uncached_ratio):
+            return RouteDecision(task.session_id, task.round_index, task.decode_worker, True, "threshold-length",
+                                 float(task.new_tokens))
+        if self.busy_rule and len(best.queue) >= self.busy_queue_tasks:
+            return RouteDecision(task.session_id, task.round_index, task.decode_worker, True, "threshold-busy",
+                                 best.queue_drain_s)
+        return RouteDecision(task.session_id, task.round_index, best.worker_id, False, "threshold-remote",
                              best.queue_drain_s)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from ampd.core.errors import InputError
 from ampd.perf.interface import PerfModel
 from ampd.policy.reorder import Fcfs, QueuePolicy, TtftAwareReorder
-from ampd.policy.routing import AdaptiveRouter, AlwaysRemoteRouter, PredictiveRouter, Router, SloThresholds
+from ampd.policy.routing import (
+    AdaptiveRouter, AlwaysRemoteRouter, PredictiveRouter, Router, SloThresholds, ThresholdRouter)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,10 @@ def _predictive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.R
     return PredictiveRouter(perf, slo, rng, knobs.alpha, knobs.beta)
 
 
+def _fcfs(slo: SloThresholds, knobs: Knobs) -> QueuePolicy:
+    return Fcfs()
+
+
 def _ttft_aware(slo: SloThresholds, knobs: Knobs) -> QueuePolicy:
     return TtftAwareReorder(slo.ttft_s, knobs.reorder_window)
 
@@ -57,9 +62,15 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("ampd-predictive", "AMPD with a queue-aware prefill signal (ours, not the paper's) + Alg. 2",
            _predictive, _ttft_aware, needs_prefill_workers=False),
     System("ampd-no-reorder", "AMPD routing with FCFS queues (ablation)",
-           _adaptive, lambda slo, knobs: Fcfs(), needs_prefill_workers=False),
+           _adaptive, _fcfs, needs_prefill_workers=False),
     System("pd-disagg", "plain PD disaggregation (Dynamo): every prefill remote, FCFS",
-           lambda perf, slo, knobs, rng: AlwaysRemoteRouter(), lambda slo, knobs: Fcfs()),
+           lambda perf, slo, knobs, rng: AlwaysRemoteRouter(), _fcfs),
+    System("dynamo-length", "Dynamo conditional disaggregation: local when uncached < 2048 tokens and < 70 %",
+           lambda perf, slo, knobs, rng: ThresholdRouter(length_rule=True), _fcfs),
+    System("dynamo-busy", "Dynamo conditional disaggregation: local when the prefill queue is busy",
+           lambda perf, slo, knobs, rng: ThresholdRouter(length_rule=False, busy_rule=True), _fcfs),
+    System("dynamo-conditional", "Dynamo conditional disaggregation: length rule OR busy rule",
+           lambda perf, slo, knobs, rng: ThresholdRouter(length_rule=True, busy_rule=True), _fcfs),
 )}
 
 
