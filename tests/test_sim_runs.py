@@ -28,7 +28,8 @@ def test_same_seed_same_results_different_seed_different():
 
 @pytest.mark.parametrize("system", sorted(SYSTEMS))
 def test_every_round_completes_once_with_all_its_tokens(system):
-    out = simulate(resolve_slo(override(BASE, system=system)))
+    deployment = "D:<TP=4,DP=2>" if SYSTEMS[system].colocated else BASE.cluster.deployment
+    out = simulate(resolve_slo(override(BASE, system=system, cluster={"deployment": deployment})))
     sessions = {s.session_id: s for s in sessions_for(out.config)}
     assert len(out.result.sessions) == len(sessions)
     for rec in out.result.sessions:

@@ -46,12 +46,16 @@ class SloConfig(_Strict):
 
 
 class PolicyConfig(_Strict):
-    """AMPD's knobs (AMPD.md sections 3.1 and 3.2; paper defaults)."""
+    """AMPD's knobs (AMPD.md sections 3.1 and 3.2; paper defaults) and the
+    colocated baselines' ([our choice], docs/SIMULATOR.md)."""
 
     alpha: float = Field(0.9, gt=0)
     beta: float = Field(0.85, gt=0)
     reorder_window: int = Field(3, ge=1, le=7)
     window_s: float = Field(10.0, gt=0)
+    chunk_tokens: int = Field(2048, ge=1, description="token budget of a chunked-prefill step (vllm-chunked, "
+                                                      "continuum); vLLM's default max_num_batched_tokens for serving")
+    pin_ttl_s: float = Field(10.0, ge=0, description="how long continuum pins a session's KV after a round")
 
 
 class WorkloadConfig(_Strict):
@@ -127,6 +131,8 @@ class SweepConfig(_Strict):
 
     systems: list[str] = Field(["ampd", "pd-disagg"], min_length=1)
     workloads: list[SweepWorkload] = Field(min_length=1)
+    deployments: dict[str, str] = Field({}, description="per-system deployment, e.g. colocated baselines' "
+                                                           "'D:<TP=4,DP=2>'; others use cluster.deployment")
 
 
 def _errors_text(err: ValidationError) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ampd.config import RunConfig
-from ampd.core.deployment import Deployment, Role
+from ampd.core.deployment import Deployment, Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.metrics.summary import RunSummary, summarize
@@ -19,8 +19,9 @@ from ampd.perf import build_perf_model, catalog
 from ampd.perf.interface import PerfModel
 from ampd.perf.topology import default_topology
 from ampd.policy.routing import SloThresholds
-from ampd.policy.systems import Knobs, get_system
-from ampd.sim.cluster import SimCluster, SimResult
+from ampd.policy.systems import Knobs, System, get_system
+from ampd.sim.cluster import SimCluster, SimResult, WorkerOptions
+from ampd.sim.decode_worker import Batching
 from ampd.slo_rule import derive_slo
 from ampd.workload import builtin_trace, generate, load_any, rescale_rate, take, with_poisson_arrivals
 
@@ -83,6 +84,15 @@ def slo_for(config: RunConfig, perf: PerfModel, sessions: list[Session]) -> SloT
     return SloThresholds(config.slo.ttft_s or derived.ttft_s, config.slo.itl_s or derived.itl_s)
 
 
+def _check_roles(system: System, specs: tuple[WorkerSpec, ...], deployment: str) -> None:
+    has_prefill = any(s.role is Role.PREFILL for s in specs)
+    if system.needs_prefill_workers and not has_prefill:
+        raise InputError(f"system {system.name!r} needs prefill workers; deployment {deployment!r} has none")
+    if system.colocated and has_prefill:
+        raise InputError(f"system {system.name!r} runs colocated replicas only: give decode replicas alone, "
+                         f"e.g. 'D:<TP=4,DP=2>', not {deployment!r}")
+
+
 def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOutput:
     """Run ``config`` through the simulator.
 
@@ -95,11 +105,11 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     sessions = sessions if sessions is not None else sessions_for(config)
     slo = slo_for(config, perf, sessions)
     specs = Deployment.parse(config.cluster.deployment).workers(config.cluster.num_gpus, config.cluster.gpus_per_server)
-    if system.needs_prefill_workers and not any(s.role is Role.PREFILL for s in specs):
-        raise InputError(f"system {system.name!r} needs prefill workers; deployment {config.cluster.deployment!r} has none")
+    _check_roles(system, specs, config.cluster.deployment)
     p = config.policy
     knobs = Knobs(p.alpha, p.beta, p.reorder_window)
     router = system.make_router(perf, slo, knobs, random.Random(config.seed))
-    cluster = SimCluster(specs, perf, router, system.make_queue_policy(slo, knobs), p.window_s)
+    options = WorkerOptions(p.window_s, Batching(system.batching, p.chunk_tokens), system.kv_retention, p.pin_ttl_s)
+    cluster = SimCluster(specs, perf, router, system.make_queue_policy(slo, knobs), options)
     result = cluster.run(sessions)
     return RunOutput(config, slo, summarize(result.sessions, slo.ttft_s, slo.itl_s, config.slo.scope), result)

@@ -44,8 +44,9 @@ def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
         first = override(base, workload={**workload_source(w.workload), **extra, "rate_per_s": min(w.rates_per_s)})
         resolved = resolve_slo(first)
         for system in sweep.systems:
+            cluster = {"deployment": sweep.deployments[system]} if system in sweep.deployments else {}
             for rate in w.rates_per_s:
-                configs.append(override(resolved, system=system, workload={"rate_per_s": rate}))
+                configs.append(override(resolved, system=system, cluster=cluster, workload={"rate_per_s": rate}))
     return configs
 
 

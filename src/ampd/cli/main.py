@@ -76,7 +76,7 @@ def _sweep_from_args(args: argparse.Namespace, base: RunConfig, sweep: SweepConf
         workloads = [SweepWorkload(workload=n, rates_per_s=args.rates) for n in names]
     else:
         workloads = sweep.workloads
-    return SweepConfig(systems=systems, workloads=workloads)
+    return SweepConfig(systems=systems, workloads=workloads, deployments=sweep.deployments if sweep else {})
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:

@@ -21,6 +21,8 @@ class RoundRecord:
         decode_worker: the bound decode worker.
         itls_s: gap before each output token after the first, seconds (length
             ``output_tokens - 1`` once done).
+        recomputed_tokens: history tokens prefilled again because their KV had
+            been evicted during the tool call (counted in ``new_tokens``).
     """
 
     session_id: str
@@ -35,6 +37,7 @@ class RoundRecord:
     local: bool | None = None
     prefill_worker: int | None = None
     itls_s: list[float] = field(default_factory=list)
+    recomputed_tokens: int = 0
 
     @property
     def ttft_s(self) -> float:

@@ -34,7 +34,9 @@ class RouteDecision:
             ``"decode-window"`` (step 2: the decode worker's windowed ITL is under
             beta x threshold), ``"prefill-predicted"`` (step 1 of the predictive
             variant), ``"estimate"`` (step 3: smallest predicted
-            completion), or ``"always-remote"``.
+            completion), ``"always-remote"``, ``"threshold-length"``,
+            ``"threshold-busy"``, ``"threshold-remote"`` (Dynamo's rules), or
+            ``"colocated"``.
         basis_s: the figure the rule compared, seconds: the chosen worker's
             windowed TTFT (``"prefill-window"``, 0 when its window is empty), the
             decode worker's windowed ITL (``"decode-window"``, likewise), the

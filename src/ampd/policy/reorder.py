@@ -25,6 +25,16 @@ class Fcfs:
         return ReorderDecision(tuple(range(min(1, len(queue)))), 0)
 
 
+class ReturningFirst:
+    """vLLM-Continuum's priority: rounds of sessions returning from a tool call
+    (round index > 0) go before new sessions; first come, first served within
+    each class."""
+
+    def pick(self, queue: Sequence[QueuedTask], now_s: float, start_delay_s: float = 0.0) -> ReorderDecision:
+        first = next((i for i, q in enumerate(queue) if q.task.round_index > 0), 0)
+        return ReorderDecision((first,) + tuple(range(first)), 0)
+
+
 class TtftAwareReorder:
     """Algorithm 2: of every permutation of the first ``window`` tasks, keep the one
     that lets the most tasks meet the TTFT threshold.

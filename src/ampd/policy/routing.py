@@ -146,6 +146,14 @@ class AlwaysRemoteRouter:
                              best.queue_drain_s)
 
 
+class AlwaysLocalRouter:
+    """Colocated serving (vLLM): every prefill runs on the replica the session is
+    bound to, which holds its prefix cache."""
+
+    def route(self, task: PrefillTask, view: ClusterView, now_s: float) -> RouteDecision:
+        return RouteDecision(task.session_id, task.round_index, task.decode_worker, True, "colocated")
+
+
 class ThresholdRouter:
     """Dynamo's conditional disaggregation (AMPD.md section 5): fixed rules decide
     local or remote; remote goes to the least loaded prefill worker.

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from ampd.core.errors import InputError
 from ampd.perf.interface import PerfModel
-from ampd.policy.reorder import Fcfs, QueuePolicy, TtftAwareReorder
+from ampd.policy.reorder import Fcfs, QueuePolicy, ReturningFirst, TtftAwareReorder
 from ampd.policy.routing import (
-    AdaptiveRouter, AlwaysRemoteRouter, PredictiveRouter, Router, SloThresholds, ThresholdRouter)
+    AdaptiveRouter, AlwaysLocalRouter, AlwaysRemoteRouter, PredictiveRouter, Router, SloThresholds,
+    ThresholdRouter)
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,12 @@ class System:
         name: what results call it.
         description: one line for tables and docs.
         needs_prefill_workers: False when it can run on decode workers alone.
+        colocated: True for vLLM-style replicas that prefill and decode (the
+            deployment then has decode replicas only, ``D:<TP=n,DP=k>``).
+        batching: how decode workers mix prefills with decode steps
+            (``alternate``, ``prefill-first``, ``chunked``).
+        kv_retention: what a session's KV does during a tool call
+            (``resident``, ``lru``, ``pinned``).
     """
 
     name: str
@@ -38,6 +45,9 @@ class System:
     make_router: Callable[[PerfModel, SloThresholds, Knobs, random.Random], Router]
     make_queue_policy: Callable[[SloThresholds, Knobs], QueuePolicy]
     needs_prefill_workers: bool = True
+    colocated: bool = False
+    batching: str = "alternate"
+    kv_retention: str = "resident"
 
 
 def _adaptive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
@@ -46,6 +56,10 @@ def _adaptive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Ran
 
 def _predictive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
     return PredictiveRouter(perf, slo, rng, knobs.alpha, knobs.beta)
+
+
+def _local(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
+    return AlwaysLocalRouter()
 
 
 def _fcfs(slo: SloThresholds, knobs: Knobs) -> QueuePolicy:
@@ -71,6 +85,14 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            lambda perf, slo, knobs, rng: ThresholdRouter(length_rule=False, busy_rule=True), _fcfs),
     System("dynamo-conditional", "Dynamo conditional disaggregation: length rule OR busy rule",
            lambda perf, slo, knobs, rng: ThresholdRouter(length_rule=True, busy_rule=True), _fcfs),
+    System("vllm", "vLLM colocated, V0 scheduling: waiting prefills run before the next decode step",
+           _local, _fcfs, needs_prefill_workers=False, colocated=True, batching="prefill-first",
+           kv_retention="lru"),
+    System("vllm-chunked", "vLLM colocated, V1 chunked prefill (token budget per step)",
+           _local, _fcfs, needs_prefill_workers=False, colocated=True, batching="chunked", kv_retention="lru"),
+    System("continuum", "vLLM-Continuum: colocated, chunked, KV pinned across tool calls, returning sessions first",
+           _local, lambda slo, knobs: ReturningFirst(), needs_prefill_workers=False, colocated=True,
+           batching="chunked", kv_retention="pinned"),
 )}
 
 

@@ -17,7 +17,8 @@ from ampd.policy.binding import MostFreeKvBinder
 from ampd.policy.decisions import BindDecision, RouteDecision
 from ampd.policy.reorder import QueuePolicy
 from ampd.policy.routing import Router
-from ampd.sim.decode_worker import SimDecodeWorker
+from ampd.sim.decode_worker import Batching, SimDecodeWorker
+from ampd.sim.kv_cache import SessionKvCache
 from ampd.sim.engine import EventLoop
 from ampd.sim.prefill_worker import SimPrefillWorker
 
@@ -40,6 +41,24 @@ class SimResult:
     end_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How the simulated workers behave, beyond the deployment and the policies.
+
+    Attributes:
+        window_s: sliding window of the TTFT/ITL statistics (AMPD.md section 3).
+        batching: how decode workers mix prefills with decode steps.
+        kv_retention: what happens to a session's KV during a tool call
+            (``SessionKvCache``: resident, lru, pinned).
+        pin_ttl_s: how long ``pinned`` keeps it.
+    """
+
+    window_s: float = 10.0
+    batching: Batching = Batching()
+    kv_retention: str = "resident"
+    pin_ttl_s: float = 0.0
+
+
 @dataclass(slots=True)
 class _Live:
     session: Session
@@ -51,15 +70,16 @@ class SimCluster:
     """Workers of one deployment driven by one router, queue policy and binder.
 
     Sessions that no decode worker has memory for wait, in arrival order, until a
-    session ends; their TTFT counts the wait. A session's later rounds may grow
-    its KV past the worker's capacity (no preemption is modelled).
+    session ends; their TTFT counts the wait. What a session's KV does during a
+    tool call is the workers' ``kv_retention``; a round whose history was evicted
+    recomputes it (``RoundRecord.recomputed_tokens``).
 
     Raises:
         InputError: a replica's GPUs cannot hold the model's weights.
     """
 
     def __init__(self, specs: tuple[WorkerSpec, ...], perf: PerfModel, router: Router,
-                 queue_policy: QueuePolicy, window_s: float = 10.0) -> None:
+                 queue_policy: QueuePolicy, options: WorkerOptions = WorkerOptions()) -> None:
         self.loop = EventLoop()
         self.perf, self.router, self.binder = perf, router, MostFreeKvBinder()
         self.specs = specs
@@ -67,15 +87,17 @@ class SimCluster:
             if perf.kv_capacity_tokens(spec.tp) <= 0:
                 raise InputError(f"worker {spec.worker_id} ({spec.role.value}, TP={spec.tp}): the model's weights "
                                  f"do not fit in {spec.tp} GPU(s) with room for KV cache")
-        self.workers = [self._make_worker(s, queue_policy, window_s) for s in specs]
+        self.workers = [self._make_worker(s, queue_policy, options) for s in specs]
         self.result = SimResult(sessions=[])
         self._live: dict[str, _Live] = {}
         self._waiting: deque[_Live] = deque()
 
-    def _make_worker(self, spec: WorkerSpec, queue_policy: QueuePolicy, window_s: float):
+    def _make_worker(self, spec: WorkerSpec, queue_policy: QueuePolicy, options: WorkerOptions):
         if spec.role is Role.DECODE:
-            return SimDecodeWorker(spec, self.loop, self.perf, queue_policy, self, window_s)
-        return SimPrefillWorker(spec, self.loop, self.perf, queue_policy, self, window_s,
+            kv = SessionKvCache(self.perf.kv_capacity_tokens(spec.tp), options.kv_retention, options.pin_ttl_s)
+            return SimDecodeWorker(spec, self.loop, self.perf, queue_policy, self, options.window_s,
+                                   options.batching, kv)
+        return SimPrefillWorker(spec, self.loop, self.perf, queue_policy, self, options.window_s,
                                 lambda worker_id: self.specs[worker_id])
 
     def run(self, sessions: list[Session]) -> SimResult:
@@ -125,12 +147,14 @@ class SimCluster:
     def _start_round(self, live: _Live, round_index: int, ready_s: float) -> None:
         session = live.session
         rnd = session.rounds[round_index]
-        decode = self.workers[live.decode_worker]
-        decode.reserve(rnd.input_tokens + rnd.output_tokens)
-        task = PrefillTask(session.session_id, round_index, session.history_tokens(round_index),
-                           rnd.input_tokens, ready_s, live.decode_worker)
+        hist_tokens = session.history_tokens(round_index)
+        cached = self.workers[live.decode_worker].kv.begin_round(
+            session.session_id, hist_tokens, rnd.input_tokens + rnd.output_tokens, self.loop.now_s)
+        task = PrefillTask(session.session_id, round_index, cached, rnd.input_tokens + hist_tokens - cached,
+                           ready_s, live.decode_worker)
         live.record.rounds.append(RoundRecord(session.session_id, round_index, ready_s, task.hist_tokens,
-                                              task.new_tokens, rnd.output_tokens, live.decode_worker))
+                                              task.new_tokens, rnd.output_tokens, live.decode_worker,
+                                              recomputed_tokens=hist_tokens - cached))
         decision = self.router.route(task, self.view(), self.loop.now_s)
         self.result.routes.append(decision)
         target = self.workers[decision.worker_id]
@@ -154,6 +178,6 @@ class SimCluster:
             self.loop.at(ready_s, self._start_round, live, round_index + 1, ready_s)
             return
         live.record.done_s = self.loop.now_s
-        self.workers[live.decode_worker].release(live.session.total_tokens)
+        self.workers[live.decode_worker].kv.end_session(session_id)
         del self._live[session_id]
         self._admit()

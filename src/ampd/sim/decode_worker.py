@@ -1,5 +1,7 @@
-"""A simulated decode worker: continuous batching, resident KV across tool calls,
-and local prefills that pause the batch (AMPD.md sections 3 and 3.1)."""
+"""A simulated decode worker: continuous batching, per-session KV across tool
+calls, and prefills run locally on it (AMPD.md sections 3 and 3.1). With every
+prefill routed locally it is also a colocated vLLM-style replica (AMPD.md
+section 4's vLLM and vLLM-Continuum baselines)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,37 @@ from ampd.perf.interface import PerfModel
 from ampd.policy.reorder import QueuePolicy, apply_order
 from ampd.policy.window import SlidingWindowMean
 from ampd.sim.engine import EventLoop
+from ampd.sim.kv_cache import SessionKvCache
 from ampd.sim.sink import RoundSink
+
+BATCHING_MODES = ("alternate", "prefill-first", "chunked")
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """How a decode worker mixes local prefills with decode steps.
+
+    - ``alternate`` (AMPD's decode workers, [our choice]: the paper only says a
+      local prefill interrupts the batch): at most one local prefill between two
+      decode steps, so a long local queue cannot starve the batch;
+    - ``prefill-first`` (vLLM V0): every waiting prefill runs before the next
+      decode step;
+    - ``chunked`` (vLLM V1 chunked prefill): each step decodes one token of every
+      running sequence and prefills up to ``chunk_tokens`` minus the batch size
+      tokens of the head prefill task.
+
+    Raises:
+        ValueError: unknown mode, or a chunk budget below 1.
+    """
+
+    mode: str = "alternate"
+    chunk_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.mode not in BATCHING_MODES:
+            raise ValueError(f"unknown batching {self.mode!r}; known: {', '.join(BATCHING_MODES)}")
+        if self.chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
 
 
 @dataclass(slots=True)
@@ -25,38 +57,41 @@ class _Sequence:
     itls_s: list[float]
 
 
+@dataclass(slots=True)
+class _Chunking:
+    """The prefill task being chunked and how many of its tokens are done."""
+
+    head: QueuedTask
+    done_tokens: int = 0
+
+
 class SimDecodeWorker:
     """One decode replica.
 
-    Between two decode steps it runs at most one local prefill (the oldest by the
-    queue policy), then goes back to decoding: a local prefill delays every
-    running sequence's next token by exactly its prefill time, and a long local
-    queue cannot starve the batch. [our choice; the paper only says that a local
-    prefill interrupts the batch.] A sequence whose first token arrives during a
-    step joins at the next step.
-
-    KV memory is reserved per session: a round reserves its input and output
-    tokens when it starts, and everything is released when the session ends.
+    A prefill that runs alone pauses the batch: every running sequence's next token
+    is delayed by exactly its time. A sequence whose first token arrives during a
+    step joins at the next step. A chunked step that carries ``c`` prefill tokens
+    costs ``T_pre(done, c) + T_dec(b, ctx) - T_dec(1, 0)``: the prefill chunk plus
+    what the decode batch adds beyond a one-token step, the weights being read
+    once. [our choice]
     """
 
     def __init__(self, spec: WorkerSpec, loop: EventLoop, perf: PerfModel, queue_policy: QueuePolicy,
-                 sink: RoundSink, window_s: float) -> None:
+                 sink: RoundSink, window_s: float, batching: Batching = Batching(),
+                 kv_cache: SessionKvCache | None = None) -> None:
         self.spec, self.loop, self.perf, self.queue_policy, self.sink = spec, loop, perf, queue_policy, sink
-        self.kv_capacity_tokens = perf.kv_capacity_tokens(spec.tp)
-        self.kv_used_tokens = 0
+        self.batching = batching
+        self.kv = kv_cache or SessionKvCache(perf.kv_capacity_tokens(spec.tp))
         self.queue: list[QueuedTask] = []
         self.itl_window = SlidingWindowMean(window_s)
         self._batch: dict[tuple[str, int], _Sequence] = {}
         self._busy_until_s: float | None = None
         self._last_was_prefill = False
+        self._chunking: _Chunking | None = None
 
-    def reserve(self, tokens: int) -> None:
-        """Hold ``tokens`` of KV memory for a bound session's round."""
-        self.kv_used_tokens += tokens
-
-    def release(self, tokens: int) -> None:
-        """Free the KV memory of a session that ended."""
-        self.kv_used_tokens -= tokens
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv.capacity_tokens
 
     def enqueue_local(self, task: PrefillTask) -> None:
         """Queue a prefill routed here (local execution)."""
@@ -70,7 +105,7 @@ class SimDecodeWorker:
         seq = _Sequence(task.session_id, task.round_index, output_tokens - 1,
                         task.hist_tokens + task.new_tokens + 1, self.loop.now_s, itls_s)
         if seq.remaining_tokens == 0:
-            self.sink.round_done(task.session_id, task.round_index)
+            self._finish(seq)
             return
         self._batch[(task.session_id, task.round_index)] = seq
         self._kick()
@@ -79,21 +114,33 @@ class SimDecodeWorker:
         """Snapshot for the policies."""
         busy_s = max(0.0, self._busy_until_s - now_s) if self._busy_until_s is not None else 0.0
         return WorkerView(self.spec, tuple(self.queue), busy_s, None, self.itl_window.mean(now_s),
-                          self.kv_capacity_tokens, self.kv_used_tokens)
+                          self.kv.capacity_tokens, self.kv.used_tokens(now_s))
+
+    def _finish(self, seq: _Sequence) -> None:
+        self.kv.end_round(seq.session_id, self.loop.now_s)
+        self.sink.round_done(seq.session_id, seq.round_index)
 
     def _kick(self) -> None:
         if self._busy_until_s is not None:
             return
-        prefill_turn = self.queue and (not self._batch or not self._last_was_prefill)
+        if self.batching.mode == "chunked":
+            if self.queue or self._chunking or self._batch:
+                self._start_mixed_step()
+            return
+        prefill_turn = self.queue and (self.batching.mode == "prefill-first" or not self._batch
+                                       or not self._last_was_prefill)
         if prefill_turn:
             self._start_prefill()
         elif self._batch:
             self._start_step()
 
-    def _start_prefill(self) -> None:
+    def _dequeue(self) -> QueuedTask:
         decision = self.queue_policy.pick(self.queue, self.loop.now_s)
         self.queue = apply_order(self.queue, decision)
-        head = self.queue.pop(0)
+        return self.queue.pop(0)
+
+    def _start_prefill(self) -> None:
+        head = self._dequeue()
         self._last_was_prefill = True
         self._busy_until_s = self.loop.now_s + head.cost_s
         self.loop.at(self._busy_until_s, self._end_prefill, head.task)
@@ -105,14 +152,43 @@ class SimDecodeWorker:
 
     def _start_step(self) -> None:
         batch = list(self._batch.values())
-        context_tokens = sum(s.context_tokens for s in batch)
         self._last_was_prefill = False
-        self._busy_until_s = self.loop.now_s + self.perf.decode_step_s(len(batch), context_tokens, self.spec.tp)
-        self.loop.at(self._busy_until_s, self._end_step, batch)
+        self._busy_until_s = self.loop.now_s + self._decode_s(batch)
+        self.loop.at(self._busy_until_s, self._end_step, batch, 0)
 
-    def _end_step(self, batch: list[_Sequence]) -> None:
+    def _decode_s(self, batch: list[_Sequence]) -> float:
+        return self.perf.decode_step_s(len(batch), sum(s.context_tokens for s in batch), self.spec.tp)
+
+    def _start_mixed_step(self) -> None:
+        if self._chunking is None and self.queue:
+            self._chunking = _Chunking(self._dequeue())
+        batch = list(self._batch.values())
+        chunk, step_s = self._chunk_tokens(len(batch)), self._decode_s(batch) if batch else 0.0
+        if chunk:
+            task = self._chunking.head.task
+            prefill_s = self.perf.prefill_s(task.hist_tokens + self._chunking.done_tokens, chunk, self.spec.tp)
+            step_s = prefill_s + (step_s - self.perf.decode_step_s(1, 0, self.spec.tp) if batch else 0.0)
+        self._busy_until_s = self.loop.now_s + step_s
+        self.loop.at(self._busy_until_s, self._end_step, batch, chunk)
+
+    def _chunk_tokens(self, batch_size: int) -> int:
+        if self._chunking is None:
+            return 0
+        left = self._chunking.head.task.new_tokens - self._chunking.done_tokens
+        return max(0, min(left, self.batching.chunk_tokens - batch_size))
+
+    def _end_step(self, batch: list[_Sequence], chunk: int) -> None:
         now_s = self.loop.now_s
         self._busy_until_s = None
+        self._emit_tokens(batch, now_s)
+        if chunk:
+            self._chunking.done_tokens += chunk
+            if self._chunking.done_tokens == self._chunking.head.task.new_tokens:
+                task, self._chunking = self._chunking.head.task, None
+                self.sink.first_token(task, self.spec.worker_id, True)
+        self._kick()
+
+    def _emit_tokens(self, batch: list[_Sequence], now_s: float) -> None:
         for seq in batch:
             itl_s = now_s - seq.last_token_s
             self.itl_window.add(now_s, itl_s)
@@ -122,5 +198,4 @@ class SimDecodeWorker:
             seq.context_tokens += 1
             if seq.remaining_tokens == 0:
                 del self._batch[(seq.session_id, seq.round_index)]
-                self.sink.round_done(seq.session_id, seq.round_index)
-        self._kick()
+                self._finish(seq)
