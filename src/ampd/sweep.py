@@ -4,8 +4,11 @@ lowest rate) so every system and rate of that workload is judged alike."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from concurrent.futures import ProcessPoolExecutor
 
 from tqdm import tqdm
@@ -53,23 +56,48 @@ def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
 def _point(config: RunConfig) -> dict:
     out = simulate(config)
     return {"system": config.system, "workload": config.workload.label, "rate_per_s": config.workload.rate_per_s,
+            "model": config.cluster.model, "num_gpus": config.cluster.num_gpus,
             "deployment": config.cluster.deployment, "ttft_slo_s": out.slo.ttft_s, "itl_slo_s": out.slo.itl_s,
             "num_events": out.result.num_events, **out.summary.to_dict()}
 
 
-def run_sweep(configs: Sequence[RunConfig], jobs: int | None = None, progress: bool = True) -> list[dict]:
+def _cache_path(cache_dir: Path, config: RunConfig) -> Path:
+    digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:20]
+    return cache_dir / f"{digest}.json"
+
+
+def _cached_point(config: RunConfig, cache_dir: Path | None) -> dict:
+    """``_point``, read from ``cache_dir`` when this exact configuration ran before;
+    written there (atomically) when it runs, so an interrupted sweep resumes."""
+    if cache_dir is None:
+        return _point(config)
+    path = _cache_path(cache_dir, config)
+    if path.exists():
+        return json.loads(path.read_text())["row"]
+    row = _point(config)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"config": config.model_dump(mode="json"), "row": row}))
+    tmp.replace(path)
+    return row
+
+
+def run_sweep(configs: Sequence[RunConfig], jobs: int | None = None, progress: bool = True,
+              cache_dir: Path | None = None) -> list[dict]:
     """Simulate every configuration, ``jobs`` at a time (default: every core).
-    Rows come back in the order of ``configs``."""
+    Rows come back in the order of ``configs``. With ``cache_dir``, points that
+    ran before are read back instead of simulated again."""
     jobs = jobs or os.cpu_count() or 1
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(configs), desc="simulating", unit="run", disable=not progress)
     if jobs == 1:
         rows = []
         for c in configs:
-            rows.append(_point(c))
+            rows.append(_cached_point(c, cache_dir))
             bar.update()
     else:
         with ProcessPoolExecutor(jobs) as pool:
-            futures = [pool.submit(_point, c) for c in configs]
+            futures = [pool.submit(_cached_point, c, cache_dir) for c in configs]
             for f in futures:
                 f.add_done_callback(lambda _: bar.update())
             rows = [f.result() for f in futures]
