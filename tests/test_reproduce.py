@@ -1,0 +1,83 @@
+"""``ampd reproduce``: its pieces on cases worked out by hand, and a tiny grid end to end."""
+
+import json
+import math
+
+import pytest
+
+from ampd.cli.main import main
+from ampd.perf import build_perf_model
+from ampd.reproduce import analysis, grid
+from ampd.reproduce.capacity import find_knees
+from ampd.reproduce.deployments import colocated_candidates, disaggregated_candidates
+from ampd.reproduce.search import coarse, same_pair
+
+
+def test_disaggregated_candidates_of_a_70b_model_on_8_h20():
+    # Usable TP: 2, 4, 8 (the 141 GB of weights need 2 x 96 GB). Prefill shares of 8 GPUs give 2..6
+    # prefill GPUs: (2,2) -> P2x1 D2x3, P2x2 D2x2, P2x3 D2x1; (2,4) -> P2x2 D4x1; (4,2) -> P4x1 D2x2;
+    # (4,4) -> P4x1 D4x1; nothing with TP 8 leaves room for the other role.
+    perf = build_perf_model("Llama-3.1-70B", "H20")
+    found = {str(d) for d in disaggregated_candidates(perf, 8)}
+    assert found == {"P:<TP=2,DP=1> D:<TP=2,DP=3>", "P:<TP=2,DP=2> D:<TP=2,DP=2>", "P:<TP=2,DP=3> D:<TP=2,DP=1>",
+                     "P:<TP=2,DP=2> D:<TP=4,DP=1>", "P:<TP=4,DP=1> D:<TP=2,DP=2>", "P:<TP=4,DP=1> D:<TP=4,DP=1>"}
+    assert [str(d) for d in colocated_candidates(perf, 8)] == ["D:<TP=2,DP=4>", "D:<TP=4,DP=2>", "D:<TP=8,DP=1>"]
+    halves = {str(d) for d in coarse(disaggregated_candidates(perf, 8), 8)}
+    assert halves == {"P:<TP=2,DP=2> D:<TP=2,DP=2>", "P:<TP=2,DP=2> D:<TP=4,DP=1>", "P:<TP=4,DP=1> D:<TP=2,DP=2>",
+                      "P:<TP=4,DP=1> D:<TP=4,DP=1>"}
+    chosen = next(d for d in disaggregated_candidates(perf, 8) if str(d) == "P:<TP=2,DP=2> D:<TP=2,DP=2>")
+    assert len(same_pair(disaggregated_candidates(perf, 8), chosen)) == 3
+
+
+def test_knee_bisection_brackets_the_crossing():
+    # A system that attains everything below 0.37 sessions/s and nothing above: the knee is 0.37.
+    # Six geometric halvings of [0.1, 4] leave a bracket of ratio 40 ** (1/64) = 1.059.
+    from ampd.config import RunConfig
+    def evaluate(configs):
+        return [{"slo_attainment": 1.0 if c.workload.rate_per_s < 0.37 else 0.0} for c in configs]
+    (knee,) = find_knees([RunConfig()], [1.0], evaluate)
+    assert abs(math.log(knee / 0.37)) <= math.log(40) / 64
+
+
+def _row(cell, fraction, system, attainment, local=0.0):
+    return {"cell": cell, "rate_fraction": fraction, "system": system, "slo_attainment": attainment,
+            "workload": cell.split(" / ")[1], "local_prefill_share": local}
+
+
+def test_gains_by_hand():
+    rows = [_row("m / w / 8", 1.0, "ampd", 0.6), _row("m / w / 8", 1.0, "base", 0.3),
+            _row("m / w / 8", 2.0, "ampd", 0.2), _row("m / w / 8", 2.0, "base", 0.1),
+            _row("m / w / 8", 3.0, "ampd", 0.1), _row("m / w / 8", 3.0, "base", 0.0)]
+    g = analysis.gains(rows, "ampd", "base")
+    # relative: +100 % and +100 % (the zero baseline point is left out); points: +30, +10, +10
+    assert g["mean_gain_pct"] == pytest.approx(100.0) and g["max_gain_pct"] == pytest.approx(100.0)
+    assert g["mean_gain_points"] == pytest.approx(50 / 3) and g["baseline_zero_points"] == 1
+
+
+def test_local_share_by_workload():
+    rows = [_row("m / toolbench / 8", 1.0, "ampd", 1, 0.1), _row("m / toolbench / 8", 2.0, "ampd", 1, 0.3)]
+    (share,) = analysis.local_share(rows)
+    assert share == {"workload": "toolbench", "local_pct": pytest.approx(20.0), "local_pct_max": pytest.approx(30.0),
+                     "paper_pct": 13.9}
+
+
+def test_tiny_reproduce_end_to_end_and_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(grid, "MODELS", ("Llama-3.1-70B",))
+    monkeypatch.setattr(grid, "WORKLOADS", {"toolbench": (8, 25, 25)})
+    monkeypatch.setattr(grid, "DISAGGREGATED", ("ampd", "pd-disagg"))
+    monkeypatch.setattr(grid, "COLOCATED", ("vllm",))
+    monkeypatch.setattr(grid, "WINDOWS", (2, 3))
+    monkeypatch.setattr(grid, "ALPHAS", (0.9,))
+    monkeypatch.setattr(grid, "BETAS", (0.85,))
+    argv = ["reproduce", "--quick", "--jobs", "1", "--quiet", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    systems = {r["system"] for r in results["grid"]}
+    assert systems == {"ampd", "pd-disagg", "vllm"}
+    assert len(results["grid"]) == 3 * len(grid.QUICK_RATE_FRACTIONS)
+    assert {g["baseline"] for g in results["tables"]["gains"]} == {"pd-disagg", "vllm"}
+    for name in ("attainment_grid.png", "latency_breakdown.png", "ablation.png", "sensitivity.png", "tables.md"):
+        assert (tmp_path / name).stat().st_size > 0
+    cached = sorted(p.name for p in (tmp_path / "points").iterdir())
+    assert main(argv) == 0  # a second run reads every point back
+    assert sorted(p.name for p in (tmp_path / "points").iterdir()) == cached
