@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ampd.cli import reproduce
+from ampd.cli import plan, reproduce
 from ampd.cli.options import add_run_options, config_from_args, output_dir
 from ampd.cli.tables import print_table, summary_table
 from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
@@ -112,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--jobs", type=_positive_int, help="parallel runs (default: every core)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
+    plan.register(sub)
     reproduce.register(sub)
     return parser
 

@@ -1,0 +1,125 @@
+"""Planner top-3 against simulated top-3: 3 models x 4 workloads on H20, the paper's
+cluster sizes (ToolBench and HotpotQA 8 GPUs, DuReader 16, GAIA 32; AMPD.md section 4).
+
+For each cell the rate is the planner's knee: the highest rate at which the best plan
+keeps both P95 latencies within ``KNEE_Z`` x their thresholds (bisection on a log
+scale). The planner's top 3 and a seeded sample of ``SAMPLE`` other feasible plans are
+simulated (``NUM_SESSIONS`` sessions, the same ones for every plan) and ranked by SLO
+attainment, ties by mean TTFT. Each system is planned with its own local share
+(``ampd.cli.plan.default_local_share``).
+
+Run: ``python bench/bench_planner_agreement.py`` -> ``bench/results/planner_agreement.json``
+and the table printed in Markdown (docs/PLANNER.md).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_result  # noqa: E402
+
+from ampd.cli.plan import agreement, default_local_share, plan_for, simulate_plans, simulation_pool  # noqa: E402
+from ampd.config import RunConfig, override  # noqa: E402
+from ampd.core.errors import InputError  # noqa: E402
+from ampd.sweep import resolve_slo  # noqa: E402
+
+MODELS = ("Llama-3.1-70B", "Qwen3-32B", "Mixtral-8x7B")
+CELLS = (("toolbench", 8), ("hotpotqa", 8), ("dureader", 16), ("gaia", 32))
+SYSTEMS = ("ampd", "ampd-predictive", "pd-disagg")
+NUM_SESSIONS = 200
+SAMPLE = 9
+KNEE_Z = 1.0
+BISECTIONS = 7
+
+
+def _config(model: str, workload: str, num_gpus: int, rate_per_s: float, system: str = "ampd") -> RunConfig:
+    return resolve_slo(override(RunConfig(), system=system, cluster={"model": model, "num_gpus": num_gpus},
+                                workload={"name": workload, "num_sessions": NUM_SESSIONS, "rate_per_s": rate_per_s}))
+
+
+def _best_z(config: RunConfig) -> float:
+    try:
+        return plan_for(config, top_k=1)[0].objective
+    except InputError:
+        return math.inf
+
+
+def knee_rate(model: str, workload: str, num_gpus: int) -> float:
+    """Highest rate (sessions/s) whose best plan has Z <= KNEE_Z, to a factor 2^(1/2^BISECTIONS)."""
+    low, high = 0.01, 0.02
+    while _best_z(_config(model, workload, num_gpus, high)) <= KNEE_Z:
+        low, high = high, 2 * high
+    for _ in range(BISECTIONS):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if _best_z(_config(model, workload, num_gpus, mid)) <= KNEE_Z else (low, mid)
+    return low
+
+
+def cell(model: str, workload: str, num_gpus: int) -> dict:
+    """Every system's planned and simulated ranking at the knee of one cell."""
+    rate = knee_rate(model, workload, num_gpus)
+    out = {"model": model, "workload": workload, "num_gpus": num_gpus, "rate_per_s": rate, "systems": {}}
+    for system in SYSTEMS:
+        config = _config(model, workload, num_gpus, rate, system)
+        share = default_local_share(system)
+        plans = plan_for(config, 3, share)
+        rows = simulate_plans(config, simulation_pool(config, plans, SAMPLE, share))
+        out["systems"][system] = {"local_share": share, "rows": rows, **agreement(rows)}
+    return out
+
+
+def _rho(value: float | None) -> str:
+    return "-" if value is None or value != value else f"{value:.2f}"
+
+
+def _markdown(cells: list[dict]) -> str:
+    lines = ["| model | workload (GPUs) | rate/s | system | planned top-3 (attain.) | simulated top-3 (attain.) "
+             "| same #1 | same top-3 set | same order | Spearman | regret |", "|" + "---|" * 11]
+    for c in cells:
+        for system, s in c["systems"].items():
+            attain = {r["deployment"]: r["slo_attainment"] for r in s["rows"]}
+            planned = "; ".join(f"{d} ({100 * attain[d]:.0f}%)" for d in s["planned_top"])
+            simulated = "; ".join(f"{d} ({100 * attain[d]:.0f}%)" for d in s["simulated_top"])
+            lines.append(f"| {c['model']} | {c['workload']} ({c['num_gpus']}) | {c['rate_per_s']:.3g} | {system} "
+                         f"| {planned} | {simulated} | {'yes' if s['same_best'] else 'no'} "
+                         f"| {'yes' if s['same_top_set'] else 'no'} | {'yes' if s['same_top_order'] else 'no'} "
+                         f"| {_rho(s['spearman'])} | {100 * s['attainment_regret']:.1f} pp |")
+    return "\n".join(lines)
+
+
+def _summary(cells: list[dict]) -> dict:
+    summary = {}
+    for system in SYSTEMS:
+        runs = [c["systems"][system] for c in cells]
+        summary[system] = {key: sum(r[key] for r in runs) for key in ("same_best", "same_top_set", "same_top_order")}
+        rhos = [r["spearman"] for r in runs if r["spearman"] is not None and r["spearman"] == r["spearman"]]
+        summary[system]["mean_spearman"] = sum(rhos) / len(rhos) if rhos else None
+        summary[system]["mean_regret_pp"] = 100 * sum(r["attainment_regret"] for r in runs) / len(runs)
+        summary[system]["cells"] = len(runs)
+    return summary
+
+
+def main() -> None:
+    start = time.perf_counter()
+    cells = []
+    for model in MODELS:
+        for workload, num_gpus in CELLS:
+            cells.append(cell(model, workload, num_gpus))
+            print(f"{model} {workload} ({num_gpus} GPUs) at {cells[-1]['rate_per_s']:.3g}/s: "
+                  + ", ".join(f"{k}: rho {_rho(v['spearman'])}" for k, v in cells[-1]["systems"].items()), flush=True)
+    print(_markdown(cells))
+    summary = _summary(cells)
+    print(summary)
+    write_result("planner_agreement", {"gpu": "H20", "num_sessions": NUM_SESSIONS, "sample": SAMPLE,
+                                       "knee_z": KNEE_Z, "systems": list(SYSTEMS), "summary": summary,
+                                       "wall_s": time.perf_counter() - start, "cells": cells,
+                                       "markdown": _markdown(cells)})
+
+
+if __name__ == "__main__":
+    main()

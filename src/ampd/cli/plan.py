@@ -1,0 +1,196 @@
+"""``ampd plan``: AMPD's offline planner from the command line (AMPD.md section 2;
+docs/PLANNER.md). Prints the top-k plans in the paper's notation; ``--simulate`` runs
+them and a seeded sample of other feasible plans through the simulator and sets the
+planned rank against the simulated one."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Sequence
+
+from rich.table import Table
+from scipy.stats import spearmanr
+
+from ampd.cli.options import add_run_options, config_from_args, output_dir
+from ampd.cli.tables import print_table
+from ampd.config import RunConfig, override
+from ampd.core.session import Session
+from ampd.experiment import perf_model_for, sessions_for, slo_for
+from ampd.metrics.report import write_json
+from ampd.perf.interface import PerfModel
+from ampd.planner import AMPD_LOCAL_SHARE, SOLVERS, Plan, enumerate_plans, estimate_tau, plan_deployments
+from ampd.policy.routing import SloThresholds
+from ampd.policy.systems import get_system
+from ampd.sweep import resolve_slo, run_sweep, workload_source
+
+
+def default_local_share(system: str) -> float:
+    """The planner's ``local_share`` for a system: 0 for plain PD disaggregation (every
+    prefill remote), else AMPD's ``AMPD_LOCAL_SHARE``. Other systems' shares depend on
+    their rules and the load: give ``--local-share``.
+
+    Raises:
+        InputError: unknown system.
+    """
+    return 0.0 if get_system(system).name == "pd-disagg" else AMPD_LOCAL_SHARE
+
+
+def _count(minimum: int):
+    """An argparse type: an integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def _inputs(config: RunConfig) -> tuple[list[Session], PerfModel, SloThresholds]:
+    perf, sessions = perf_model_for(config), sessions_for(config)
+    return sessions, perf, slo_for(config, perf, sessions)
+
+
+def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None,
+             solver: str = "scip") -> list[Plan]:
+    """The planner's top-k deployments for a run configuration: its sessions, model,
+    GPU, cluster size, thresholds (missing ones derived as for a run) and SLO scope;
+    ``local_share`` defaults to ``default_local_share(config.system)``.
+
+    Raises:
+        InputError: as ``ampd.planner.plan_deployments``, or an unknown model, GPU or system.
+    """
+    share = default_local_share(config.system) if local_share is None else local_share
+    c = config.cluster
+    return plan_deployments(*_inputs(config), c.num_gpus, c.gpus_per_server, top_k, share, solver,
+                            config.slo.scope.value)
+
+
+def simulation_pool(config: RunConfig, plans: Sequence[Plan], sample: int, local_share: float) -> list[Plan]:
+    """``plans`` plus ``sample`` other feasible plans drawn with ``random.Random(config.seed)``,
+    all in the planner's order (``Plan.order_key``)."""
+    c = config.cluster
+    table = estimate_tau(*_inputs(config), c.num_gpus, c.gpus_per_server, local_share, config.slo.scope.value)
+    chosen = {str(p.deployment) for p in plans}
+    others = [p for p in enumerate_plans(table) if str(p.deployment) not in chosen]
+    extra = random.Random(config.seed).sample(others, min(sample, len(others)))
+    return sorted(list(plans) + extra, key=lambda p: p.order_key)
+
+
+def simulate_plans(config: RunConfig, pool: Sequence[Plan], jobs: int | None = None) -> list[dict]:
+    """Simulate every plan of ``pool`` (same sessions, system and thresholds as ``config``)
+    and rank them: by SLO attainment, ties by mean TTFT. One row per plan, in pool order,
+    with ``planned_rank`` (position in ``pool``) and ``simulated_rank`` (both from 1)."""
+    configs = [override(config, cluster={"deployment": str(p.deployment)}) for p in pool]
+    runs = run_sweep(configs, jobs, progress=False)
+    order = sorted(range(len(pool)), key=lambda i: (-runs[i]["slo_attainment"], runs[i]["ttft_mean_s"], i))
+    simulated_rank = {i: r + 1 for r, i in enumerate(order)}
+    return [{"deployment": str(p.deployment), "objective": p.objective, "planned_rank": i + 1,
+             "simulated_rank": simulated_rank[i], "slo_attainment": run["slo_attainment"],
+             "ttft_mean_s": run["ttft_mean_s"], "ttft_p95_s": run["ttft_p95_s"], "itl_p95_s": run["itl_p95_s"],
+             "local_prefill_share": run["local_prefill_share"]}
+            for i, (p, run) in enumerate(zip(pool, runs))]
+
+
+def agreement(rows: Sequence[dict], top: int = 3) -> dict:
+    """How the planned ranking of simulated ``rows`` agrees with the simulated one: the
+    same best plan, the same top-``top`` set, the same top-``top`` order, Spearman's rho
+    over all rows, and the attainment the planner's best gives up against the best."""
+    planned = [r["deployment"] for r in sorted(rows, key=lambda r: r["planned_rank"])]
+    simulated = [r["deployment"] for r in sorted(rows, key=lambda r: r["simulated_rank"])]
+    best = max(r["slo_attainment"] for r in rows)
+    first = next(r for r in rows if r["planned_rank"] == 1)
+    rho = spearmanr([r["planned_rank"] for r in rows], [r["simulated_rank"] for r in rows]).statistic
+    return {"same_best": planned[0] == simulated[0], "same_top_set": set(planned[:top]) == set(simulated[:top]),
+            "same_top_order": planned[:top] == simulated[:top], "spearman": float(rho) if len(rows) > 2 else None,
+            "attainment_regret": best - first["slo_attainment"], "planned_top": planned[:top],
+            "simulated_top": simulated[:top]}
+
+
+def _config(args: argparse.Namespace) -> RunConfig:
+    config, _ = config_from_args(args)
+    workload = {"rate_per_s": args.rate} if args.rate else {}
+    if args.trace:
+        workload.update(name=None, trace=args.trace)
+    elif args.workload:
+        workload.update(workload_source(args.workload))
+    return resolve_slo(override(config, system=args.system, workload=workload))
+
+
+def _plans_table(title: str, plans: Sequence[Plan]) -> Table:
+    table = Table(title=title)
+    for name in ("rank", "plan", "Z", "TTFT P95 (s)", "tau_pre", "ITL P95 (ms)", "tau_dec", "GPUs", "status"):
+        table.add_column(name, justify="left" if name in ("plan", "status") else "right")
+    for rank, p in enumerate(plans, 1):
+        table.add_row(str(rank), str(p.deployment), f"{p.objective:.3f}", f"{p.prefill.p95_s:.3f}",
+                      f"{p.prefill.tau:.3f}", f"{1000 * p.decode.p95_s:.1f}", f"{p.decode.tau:.3f}",
+                      str(p.num_gpus), p.status)
+    return table
+
+
+def _ranks_table(title: str, rows: Sequence[dict]) -> Table:
+    table = Table(title=title)
+    for name in ("plan", "Z", "planned rank", "simulated rank", "SLO attain.", "TTFT mean (s)", "local prefill"):
+        table.add_column(name, justify="left" if name == "plan" else "right")
+    for r in rows:
+        table.add_row(r["deployment"], f"{r['objective']:.3f}", str(r["planned_rank"]), str(r["simulated_rank"]),
+                      f"{100 * r['slo_attainment']:.1f}%", f"{r['ttft_mean_s']:.3f}",
+                      f"{100 * r['local_prefill_share']:.1f}%")
+    return table
+
+
+def _agreement_line(a: dict, top: int) -> str:
+    def yes(flag: bool) -> str:
+        return "yes" if flag else "no"
+    rho = "-" if a["spearman"] is None else f"{a['spearman']:.2f}"
+    return (f"planned vs simulated: same best {yes(a['same_best'])}, same top-{top} set {yes(a['same_top_set'])}, "
+            f"same top-{top} order {yes(a['same_top_order'])}, Spearman {rho}, the planned best gives up "
+            f"{100 * a['attainment_regret']:.1f} points of attainment")
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    """Handler of ``ampd plan``: plan, print, optionally simulate, write ``plans.json``."""
+    out_dir = output_dir(args, "out/plan")
+    config = _config(args)
+    share = default_local_share(config.system) if args.local_share is None else args.local_share
+    start = time.perf_counter()
+    plans = plan_for(config, args.top_k, share, args.solver)
+    planning_s = time.perf_counter() - start
+    c, w = config.cluster, config.workload
+    print_table(_plans_table(f"{c.model} on {c.num_gpus} x {c.gpu}, {w.label} at {w.rate_per_s:g} sessions/s, "
+                             f"SLO TTFT {config.slo.ttft_s:.2f} s, ITL {1000 * config.slo.itl_s:.0f} ms; "
+                             f"local share {share:g}; {args.solver}, {planning_s:.2f} s", plans))
+    result = {"config": config.model_dump(mode="json"), "local_share": share, "solver": args.solver,
+              "planning_s": planning_s, "plans": [p.to_dict() for p in plans]}
+    if args.simulate:
+        rows = simulate_plans(config, simulation_pool(config, plans, args.sample, share), args.jobs)
+        print_table(_ranks_table(f"planned vs simulated rank ({config.system}, "
+                                 f"{config.slo.scope.value} scope)", rows))
+        result["simulated"], result["agreement"] = rows, agreement(rows, len(plans))
+        print(_agreement_line(result["agreement"], len(plans)))
+    out = out_dir / "plans.json"
+    write_json(out, result)
+    print(f"plans in {out}")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``plan`` subcommand to the ``ampd`` parser's ``subparsers``."""
+    p = subparsers.add_parser("plan", help="plan prefill/decode replicas and TP degrees on N GPUs (AMPD's planner)")
+    add_run_options(p)
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--workload", help="toolbench|gaia|hotpotqa|dureader, builtin:<trace>, or a trace file")
+    source.add_argument("--trace", help="a trace file or builtin:<trace> (same as --workload with a trace)")
+    p.add_argument("--rate", type=float, help="session arrival rate to plan for (sessions/s)")
+    p.add_argument("--system", default="ampd", help="the system planned for and simulated (default: ampd)")
+    p.add_argument("--top-k", type=_count(1), default=3, help="plans to print (default: 3)")
+    p.add_argument("--local-share", type=float,
+                   help=f"share of prefills run locally (default: {AMPD_LOCAL_SHARE} for AMPD, 0 for pd-disagg)")
+    p.add_argument("--solver", choices=SOLVERS, default="scip", help="ILP solver (default: scip)")
+    p.add_argument("--simulate", action="store_true", help="simulate the top-k and a sample of other plans")
+    p.add_argument("--sample", type=_count(0), default=5, help="other feasible plans --simulate runs (default: 5)")
+    p.add_argument("--jobs", type=_count(1), help="parallel simulations (default: every core)")
+    p.set_defaults(func=cmd_plan)

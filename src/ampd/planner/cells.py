@@ -1,0 +1,84 @@
+"""One cell of the tau table: k replicas of degree n in one role, and its P95
+latency normalised by the SLO threshold (AMPD.md section 2, [our choice])."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ampd.core.deployment import ReplicaGroup, Role
+
+
+@dataclass(frozen=True)
+class TauCell:
+    """``dp`` replicas of degree ``tp`` carrying the whole load of ``role``.
+
+    Attributes:
+        role: prefill (TTFT side) or decode (ITL side).
+        tp, dp: the degree n and the count k.
+        p95_s: P95 TTFT of the remote prefills (prefill) or P95 ITL (decode), seconds;
+            None when the cell is overloaded.
+        threshold_s: the SLO threshold ``p95_s`` is normalised by.
+        kv_tokens: P95 KV tokens one decode replica holds (0 for prefill replicas,
+            which only need the weights to fit).
+        kv_capacity_tokens: KV tokens one replica of ``tp`` GPUs holds.
+        reason: why the cell is overloaded; empty otherwise.
+    """
+
+    role: Role
+    tp: int
+    dp: int
+    p95_s: float | None
+    threshold_s: float
+    kv_tokens: int
+    kv_capacity_tokens: int
+    reason: str = ""
+
+    @property
+    def overloaded(self) -> bool:
+        """No steady state: work arrives faster than the replicas serve it."""
+        return self.p95_s is None
+
+    @property
+    def tau(self) -> float | None:
+        """``p95_s / threshold_s`` (dimensionless; 1.0 = at the threshold); None when overloaded."""
+        return None if self.p95_s is None else self.p95_s / self.threshold_s
+
+    @property
+    def fits_memory(self) -> bool:
+        """Each replica holds the weights plus its share of resident session KV."""
+        return self.kv_tokens <= self.kv_capacity_tokens
+
+    @property
+    def usable(self) -> bool:
+        """Not overloaded and within memory: a plan may use this cell."""
+        return not self.overloaded and self.fits_memory
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the cell: ``tp x dp``."""
+        return self.tp * self.dp
+
+    @property
+    def order_key(self) -> tuple[float, int, int, int]:
+        """The strict total order of usable cells the planner ranks by: tau, then fewer
+        GPUs, then prefill before decode, then smaller degree. Raises TypeError when
+        overloaded (no tau)."""
+        if self.tau is None:
+            raise TypeError(f"{self.label}: overloaded, no tau to order by")
+        return (self.tau, self.gpus, 0 if self.role is Role.PREFILL else 1, self.tp)
+
+    @property
+    def group(self) -> ReplicaGroup:
+        """The replica group in ``Deployment`` terms."""
+        return ReplicaGroup(self.role, self.tp, self.dp)
+
+    @property
+    def label(self) -> str:
+        """e.g. ``P:<TP=2,DP=3>``."""
+        return f"{self.role.value}:{self.group}"
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields and tau."""
+        return {"role": self.role.value, "tp": self.tp, "dp": self.dp, "p95_s": self.p95_s, "tau": self.tau,
+                "threshold_s": self.threshold_s, "kv_tokens": self.kv_tokens,
+                "kv_capacity_tokens": self.kv_capacity_tokens, "reason": self.reason}

@@ -1,0 +1,136 @@
+"""The decode load of a workload as a function of the pace of its tokens: how many
+sequences a token shares a decode step with, and how much KV the sessions hold
+(docs/PLANNER.md, "Decode side").
+
+Both come from the sessions' own timeline, not from a steady-state formula, so a short
+workload that never reaches a steady state is not planned as if it did. At a pace of
+``p`` seconds per output token, round r of a session is ready at
+``arrival + sum_{j<r} (output_j p + tool_j)``, decodes from one token slot after that
+until ``output_r p`` after it, and reserves its input + output of KV when it starts;
+the session's KV is released when its last round ends (the simulator's rule). The
+planner needs the pace a decode replica delivers, which depends on its load, so the
+load is tabulated once over a grid of paces and interpolated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ampd.core.session import Session
+from ampd.planner.timeline import interval_events, level_integral, level_profile, others_seen, weighted_quantile
+
+# Paces tabulated: log-spaced from 1 ms to this many ITL thresholds; beyond, the values
+# at the last point (a replica that slow is far past its SLO anyway).
+_GRID_POINTS = 32
+_GRID_TOP_THRESHOLDS = 10.0
+# Quantile levels that stand for the distribution of the batch a token sees.
+OTHERS_LEVELS = (np.arange(20) + 0.5) / 20
+
+
+@dataclass(frozen=True)
+class DecodeLoad:
+    """Decode load over a grid of paces, all decode replicas together.
+
+    Attributes:
+        pace_s: shape (G,), seconds per output token, increasing.
+        others: shape (G,), other sequences a decoding token shares its step with, on
+            average over tokens (``timeline.others_seen``).
+        others_quantiles: shape (G, len(OTHERS_LEVELS)), that count's distribution over
+            tokens at ``OTHERS_LEVELS``.
+        session_others_p95: shape (G,), P95 over sessions of the mean of that count over a
+            session's tokens (what its mean ITL depends on).
+        kv_p95_tokens: shape (G,), P95 over time of the KV all sessions hold.
+        mean_context_tokens: KV context of one decoded token, averaged over tokens.
+    """
+
+    pace_s: np.ndarray
+    others: np.ndarray
+    others_quantiles: np.ndarray
+    session_others_p95: np.ndarray
+    kv_p95_tokens: np.ndarray
+    mean_context_tokens: float
+
+    def others_at(self, pace_s: float) -> float:
+        """``others`` interpolated at ``pace_s``."""
+        return float(np.interp(pace_s, self.pace_s, self.others))
+
+    def others_quantiles_at(self, pace_s: float) -> np.ndarray:
+        """``others_quantiles`` interpolated at ``pace_s``, shape (len(OTHERS_LEVELS),)."""
+        return np.array([np.interp(pace_s, self.pace_s, column) for column in self.others_quantiles.T])
+
+    def session_others_p95_at(self, pace_s: float) -> float:
+        """``session_others_p95`` interpolated at ``pace_s``."""
+        return float(np.interp(pace_s, self.pace_s, self.session_others_p95))
+
+    def kv_p95_tokens_at(self, pace_s: float) -> float:
+        """``kv_p95_tokens`` interpolated at ``pace_s``."""
+        return float(np.interp(pace_s, self.pace_s, self.kv_p95_tokens))
+
+
+def build_decode_load(sessions: Sequence[Session], itl_slo_s: float) -> DecodeLoad:
+    """Tabulate the decode load of ``sessions`` (module docstring) up to
+    ``_GRID_TOP_THRESHOLDS`` x ``itl_slo_s`` per token."""
+    rounds = _Rounds.of(sessions)
+    grid = np.geomspace(1e-3, max(_GRID_TOP_THRESHOLDS * itl_slo_s, 2e-3), _GRID_POINTS)
+    columns = [np.array(c) for c in zip(*(rounds.load_at(p) for p in grid))]
+    steps = rounds.output_tokens - 1
+    context_sum = float(np.sum(steps * rounds.prefilled_tokens + steps * (steps + 1) / 2))
+    return DecodeLoad(grid, *columns, context_sum / max(1, int(steps.sum())))
+
+
+@dataclass(frozen=True)
+class _Rounds:
+    """Every round of every session, shape (m,) each: the session's index, ready time at
+    pace 0, output tokens of the session's earlier rounds, output tokens, KV the round
+    reserves, KV released at its end (the session's total after its last round, else
+    0), and the KV context once its input is prefilled."""
+
+    session: np.ndarray
+    base_s: np.ndarray
+    earlier_output_tokens: np.ndarray
+    output_tokens: np.ndarray
+    reserved_tokens: np.ndarray
+    released_tokens: np.ndarray
+    prefilled_tokens: np.ndarray
+
+    @classmethod
+    def of(cls, sessions: Sequence[Session]) -> "_Rounds":
+        rows = []
+        for index, s in enumerate(sessions):
+            base_s, earlier, last = s.arrival_s, 0, len(s.rounds) - 1
+            for i, r in enumerate(s.rounds):
+                rows.append((index, base_s, earlier, r.output_tokens, r.input_tokens + r.output_tokens,
+                             s.total_tokens if i == last else 0, s.history_tokens(i) + r.input_tokens))
+                base_s, earlier = base_s + r.tool_s, earlier + r.output_tokens
+        columns = [np.array(col, dtype=float) for col in zip(*rows)]
+        return cls(columns[0].astype(int), *columns[1:])
+
+    def load_at(self, pace_s: float) -> tuple[float, np.ndarray, float, float]:
+        """The ``DecodeLoad`` columns at ``pace_s`` per token: mean others, others at
+        ``OTHERS_LEVELS``, P95 over sessions of their mean others, P95 resident KV tokens.
+        No decoding at all gives 0 others."""
+        ready_s = self.base_s + self.earlier_output_tokens * pace_s
+        end_s = ready_s + self.output_tokens * pace_s
+        ends = self.released_tokens > 0
+        level, width_s = level_profile(np.concatenate([ready_s, end_s[ends]]),
+                                       np.concatenate([self.reserved_tokens, -self.released_tokens[ends]]))
+        kv_tokens = math.ceil(weighted_quantile(level, width_s, 0.95))
+        others, weights = others_seen(ready_s + pace_s, end_s)
+        if others.size == 0:
+            return 0.0, np.zeros(OTHERS_LEVELS.size), 0.0, kv_tokens
+        mean = float(np.sum(others * weights) / np.sum(weights))
+        return (mean, weighted_quantile(others, weights, OTHERS_LEVELS),
+                self._session_others_p95(ready_s + pace_s, end_s), kv_tokens)
+
+    def _session_others_p95(self, starts_s: np.ndarray, ends_s: np.ndarray) -> float:
+        """P95 over the sessions that decode of the mean number of other sequences their
+        tokens share a step with (a session's tokens are evenly spaced in its rounds)."""
+        times_s, integral = level_integral(*interval_events(starts_s, ends_s))
+        covered = np.interp(ends_s, times_s, integral) - np.interp(starts_s, times_s, integral)
+        decoding_s = np.bincount(self.session, ends_s - starts_s)
+        mean_level = np.bincount(self.session, covered)[decoding_s > 0] / decoding_s[decoding_s > 0]
+        return weighted_quantile(mean_level - 1.0, np.ones(mean_level.size), 0.95)

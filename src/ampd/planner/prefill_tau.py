@@ -1,0 +1,72 @@
+"""tau_pre(n, k): P95 TTFT of the remote prefills when k prefill replicas of degree
+n share the nominal stream (AMPD.md section 2, [our choice]; docs/PLANNER.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ampd.core.deployment import Role, WorkerSpec
+from ampd.perf.interface import PerfModel
+from ampd.planner.cells import TauCell
+from ampd.planner.queueing import PrefillChains, fcfs_ttft_s
+from ampd.planner.stream import NominalStream
+
+
+def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, ttft_slo_s: float,
+                  cross_server: bool, scope: str) -> list[TauCell]:
+    """tau_pre(tp, k) for k = 1..``max_dp``.
+
+    Each remote task's TTFT comes from the closed FCFS multi-server queue of
+    ``queueing.fcfs_ttft_s``: read = ``T_kv(history)`` from the decode replica, compute =
+    ``T_pre(history, new; tp)``, send = ``T_kv(new)`` back. A local task takes its
+    ``T_pre`` at ``tp`` unqueued (a prefill cell does not know the decode degree). The P95
+    is over the remote tasks (``scope="strict"``, the paper's P95 latency), or over
+    sessions of the mean TTFT of their remote rounds (``scope="mean"``, what mean-scope
+    attainment judges). A cell whose prefill work reaches k x the nominal stream's span
+    (utilisation >= 1) is overloaded: a finite stream would give it a finite but
+    meaningless P95. Once no task waits at some k, more replicas change nothing, so
+    larger k copy that cell.
+
+    Args:
+        cross_server: KV moves over the network (the cluster spans servers and the
+            placement is not known yet, so we take the slower link), else over NVLink.
+    """
+    chains = _chains(stream, perf, tp, cross_server)
+    work_s = sum(c for c, remote in zip(chains.compute_s, chains.remote) if remote)
+    session = stream.session[stream.remote]
+    base = TauCell(Role.PREFILL, tp, 0, None, ttft_slo_s, 0, perf.kv_capacity_tokens(tp))
+    cells, saturated = [], None
+    for dp in range(1, max_dp + 1):
+        if saturated is not None:
+            cells.append(dataclasses.replace(saturated, dp=dp))
+            continue
+        utilisation = work_s / (dp * stream.span_s)
+        if utilisation >= 1.0:
+            reason = f"prefill work is {utilisation:.2f} x what {dp} replica(s) of TP={tp} serve"
+            cells.append(dataclasses.replace(base, dp=dp, reason=reason))
+            continue
+        ttft_s, waited = fcfs_ttft_s(chains, dp)
+        p95_s = _p95_s(np.array(ttft_s)[stream.remote], session, scope)
+        cells.append(dataclasses.replace(base, dp=dp, p95_s=p95_s))
+        saturated = None if waited else cells[-1]
+    return cells
+
+
+def _chains(stream: NominalStream, perf: PerfModel, tp: int, cross_server: bool) -> PrefillChains:
+    prefill = WorkerSpec(0, Role.PREFILL, tp, 0)
+    decode = WorkerSpec(1, Role.DECODE, tp, 1 if cross_server else 0)
+    hist, new = stream.hist_tokens.tolist(), stream.new_tokens.tolist()
+    return PrefillChains(stream.ready_s.tolist(), [perf.kv_transfer_s(h, decode, prefill) for h in hist],
+                         [perf.prefill_s(h, x, tp) for h, x in zip(hist, new)],
+                         [perf.kv_transfer_s(x, prefill, decode) for x in new],
+                         stream.remote.tolist(), stream.after_s.tolist(), stream.next_task.tolist())
+
+
+def _p95_s(ttft_s: np.ndarray, session: np.ndarray, scope: str) -> float:
+    """P95 of the tasks' TTFTs (strict), or of their sessions' mean TTFTs (mean)."""
+    if scope == "strict":
+        return float(np.percentile(ttft_s, 95))
+    rounds = np.bincount(session)
+    return float(np.percentile(np.bincount(session, ttft_s)[rounds > 0] / rounds[rounds > 0], 95))

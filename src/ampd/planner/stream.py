@@ -1,0 +1,99 @@
+"""The nominal task stream the planner's tau estimates run on (AMPD.md section 2,
+[our choice]; docs/PLANNER.md, "The nominal stream").
+
+Built once per workload, independent of any deployment:
+
+- **pace**: every output token takes the ITL threshold (the slowest pace a deployment
+  that meets the SLO allows, and one that needs no TP degree); a round lasts
+  ``output_tokens`` x that, its first token's slot standing for the prefill;
+- **prefill tasks**: one per round, ready at the session's arrival (round 0) or when
+  its previous round's tool returns;
+- **local prefills**: a share ``local_share`` of the tasks, spread evenly over the
+  stream (task i is local when ``floor((i + 1)(1 - s)) == floor(i (1 - s))``), runs on
+  the decode replicas and leaves the prefill stream; no randomness is involved;
+- **chains**: each task knows its session's next round and the time from its first
+  token to that round being ready (the rest of its decode at this pace, then the tool),
+  so the prefill queue can delay later rounds as the simulator does (``queueing``);
+- **decode load**: ``decode_load.DecodeLoad``, tabulated over paces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ampd.core.errors import InputError
+from ampd.core.session import Session
+from ampd.planner.decode_load import DecodeLoad, build_decode_load
+
+
+@dataclass(frozen=True)
+class NominalStream:
+    """Every round's prefill in ready order, and the decode load.
+
+    Attributes:
+        ready_s, hist_tokens, new_tokens, session: shape (m,), one entry per round of
+            every session, sorted by ready time (ties: session id, then round);
+            ``session`` is the index of the round's session in the input.
+        remote: shape (m,) bool; False for the tasks run locally on decode replicas.
+        next_task: shape (m,), index of the session's next round, -1 after its last.
+        after_s: shape (m,), from the task's first token to its next round being ready:
+            ``(output_tokens - 1) x pace + tool_s``.
+        local_share: the share of local tasks asked for.
+        decode: the decode load over paces.
+    """
+
+    ready_s: np.ndarray
+    hist_tokens: np.ndarray
+    new_tokens: np.ndarray
+    session: np.ndarray
+    remote: np.ndarray
+    next_task: np.ndarray
+    after_s: np.ndarray
+    local_share: float
+    decode: DecodeLoad
+
+    @property
+    def span_s(self) -> float:
+        """Seconds from the first to the last ready time."""
+        return float(self.ready_s[-1] - self.ready_s[0])
+
+    @property
+    def prefills_per_s(self) -> float:
+        """Prefill tasks per second over the span."""
+        return self.ready_s.size / self.span_s
+
+
+def build_stream(sessions: Sequence[Session], itl_s: float, local_share: float) -> NominalStream:
+    """The nominal stream of ``sessions`` (module docstring) at ``itl_s`` per token.
+
+    Raises:
+        InputError: ``local_share`` outside [0, 1) or leaving no remote prefill; fewer
+            than 2 sessions or all arriving at once (no rate to plan for).
+    """
+    if not 0.0 <= local_share < 1.0:
+        raise InputError(f"local_share must be in [0, 1), got {local_share}")
+    if len({s.arrival_s for s in sessions}) < 2:
+        raise InputError("the planner needs at least 2 sessions with different arrival times to know the load")
+    rows = sorted(row for index, s in enumerate(sessions) for row in _prefills(index, s, itl_s))
+    ready_s, _, round_index, hist, new, session, after_s = (np.array(col) for col in zip(*rows))
+    position = {(s, r): i for i, (s, r) in enumerate(zip(session.tolist(), round_index.tolist()))}
+    next_task = np.array([position.get((s, r + 1), -1) for s, r in zip(session.tolist(), round_index.tolist())])
+    index = np.arange(ready_s.size)
+    remote = np.floor((index + 1) * (1.0 - local_share)) > np.floor(index * (1.0 - local_share))
+    if not remote.any():
+        raise InputError(f"local_share {local_share} leaves none of the {ready_s.size} prefills to prefill replicas")
+    return NominalStream(ready_s, hist, new, session, remote, next_task, after_s, local_share,
+                         build_decode_load(sessions, itl_s))
+
+
+def _prefills(index: int, session: Session, itl_s: float) -> list[tuple[float, str, int, int, int, int, float]]:
+    """(ready_s, session_id, round, hist_tokens, new_tokens, session index, after_s) of each round."""
+    rows, ready_s = [], session.arrival_s
+    for i, rnd in enumerate(session.rounds):
+        after_s = (rnd.output_tokens - 1) * itl_s + rnd.tool_s
+        rows.append((ready_s, session.session_id, i, session.history_tokens(i), rnd.input_tokens, index, after_s))
+        ready_s += itl_s + after_s
+    return rows

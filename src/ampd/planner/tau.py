@@ -1,0 +1,112 @@
+"""The tau table: tau_pre(n, k) and tau_dec(n, k) for every degree n and count k a
+plan on N GPUs can use (AMPD.md section 2, [our choice]; docs/PLANNER.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ampd.core.errors import InputError
+from ampd.core.session import Session
+from ampd.perf.interface import PerfModel
+from ampd.planner.cells import TauCell
+from ampd.planner.decode_tau import decode_cells
+from ampd.planner.prefill_tau import prefill_cells
+from ampd.planner.stream import build_stream
+from ampd.policy.routing import SloThresholds
+
+DEGREES = (1, 2, 4, 8)
+"""Tensor-parallel degrees the planner considers (AMPD.md section 2: T = {1, 2, 4, 8})."""
+
+SCOPES = ("mean", "strict")
+"""What a tau's P95 is over, as SLO attainment's scopes (AMPD.md section 1): ``mean``, over
+sessions of their mean TTFT and mean ITL; ``strict``, over rounds (TTFT) and tokens (ITL),
+the paper's P95 latency."""
+
+AMPD_LOCAL_SHARE = 0.2
+"""[our choice] Share of prefills AMPD's routing runs locally, inside the paper's 13.9-31.7 %
+(AMPD.md section 3.1); plain PD disaggregation runs none."""
+
+
+@dataclass(frozen=True)
+class TauTable:
+    """Every (role, n, k) cell a plan may use, each as if its k replicas carried the
+    role's whole load (one degree per role; docs/PLANNER.md, "What a plan is").
+
+    Attributes:
+        prefill, decode: cells, by degree then count.
+        slo: the thresholds the taus are normalised by.
+        num_gpus, gpus_per_server: the cluster.
+        local_share: share of prefills run locally on decode replicas.
+        scope: what the P95s are over (``SCOPES``).
+        degrees: degrees whose replica holds the weights and leaves room for the other role.
+    """
+
+    prefill: tuple[TauCell, ...]
+    decode: tuple[TauCell, ...]
+    slo: SloThresholds
+    num_gpus: int
+    gpus_per_server: int
+    local_share: float
+    scope: str
+    degrees: tuple[int, ...]
+
+    @property
+    def cells(self) -> tuple[TauCell, ...]:
+        """Prefill cells, then decode cells."""
+        return self.prefill + self.decode
+
+
+def usable_degrees(perf: PerfModel, num_gpus: int, gpus_per_server: int,
+                   degrees: Sequence[int] = DEGREES) -> tuple[int, ...]:
+    """Degrees a plan on ``num_gpus`` GPUs may use: at most one server, holding the
+    weights with room for KV (``kv_capacity_tokens > 0``), and leaving room for one
+    replica of the other role at the smallest such degree.
+
+    Raises:
+        InputError: ``num_gpus`` or ``gpus_per_server`` below 1; the weights fit at no
+            degree; too few GPUs for one prefill and one decode replica.
+    """
+    if num_gpus < 1 or gpus_per_server < 1:
+        raise InputError(f"num_gpus ({num_gpus}) and gpus_per_server ({gpus_per_server}) must be >= 1")
+    fitting = sorted(n for n in degrees if n <= gpus_per_server and perf.kv_capacity_tokens(n) > 0)
+    if not fitting:
+        raise InputError(f"the model does not fit in memory at any degree: no replica of "
+                         f"{'/'.join(map(str, degrees))} GPUs (at most {gpus_per_server}, one server) holds its "
+                         f"weights with room for KV cache")
+    smallest = fitting[0]
+    if 2 * smallest > num_gpus:
+        raise InputError(f"too few GPUs: the smallest replica that holds the weights has {smallest} GPU(s), so one "
+                         f"prefill and one decode replica need {2 * smallest}; the cluster has {num_gpus}")
+    return tuple(n for n in fitting if n + smallest <= num_gpus)
+
+
+def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, num_gpus: int,
+                 gpus_per_server: int = 8, local_share: float = AMPD_LOCAL_SHARE, scope: str = "mean",
+                 degrees: Sequence[int] = DEGREES) -> TauTable:
+    """tau_pre(n, k) (``prefill_tau``) and tau_dec(n, k) (``decode_tau``) over the nominal
+    stream of ``sessions`` (``stream``), for every usable degree n and every k with
+    ``n k`` plus one smallest replica of the other role within ``num_gpus``.
+
+    Args:
+        sessions: the workload, with arrival times (its rate is the load planned for).
+        perf: cost functions of the model on the GPU type.
+        slo: thresholds; tau = P95 / threshold (TTFT for prefill, ITL for decode).
+        local_share: share of prefills the routing runs locally, in [0, 1):
+            ``AMPD_LOCAL_SHARE`` for AMPD, 0 for plain PD disaggregation.
+        scope: one of ``SCOPES``; plan in the scope attainment will be judged in.
+
+    Raises:
+        InputError: as ``usable_degrees`` and ``stream.build_stream``; an unknown scope.
+    """
+    if scope not in SCOPES:
+        raise InputError(f"unknown scope {scope!r}; known: {', '.join(SCOPES)}")
+    usable = usable_degrees(perf, num_gpus, gpus_per_server, degrees)
+    stream = build_stream(sessions, slo.itl_s, local_share)
+    cross_server = num_gpus > gpus_per_server
+    prefill, decode = [], []
+    for n in usable:
+        max_dp = (num_gpus - usable[0]) // n
+        prefill += prefill_cells(stream, perf, n, max_dp, slo.ttft_s, cross_server, scope)
+        decode += decode_cells(stream, perf, n, max_dp, slo.itl_s, scope)
+    return TauTable(tuple(prefill), tuple(decode), slo, num_gpus, gpus_per_server, local_share, scope, usable)

@@ -1,0 +1,80 @@
+"""``ampd plan`` end to end on small workloads, and its refusals (called through a
+parser built with ``ampd.cli.plan.register``, as ``ampd.cli.main`` will)."""
+
+import argparse
+import json
+
+import pytest
+
+from ampd.cli.plan import register
+from ampd.core.errors import InputError
+
+SMALL = ["--workload", "toolbench", "--num-sessions", "40", "--rate", "1.0"]
+
+
+def _run(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="ampd")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["plan", *argv])
+    args.func(args)
+
+
+def _plans(out_dir) -> dict:
+    return json.loads((out_dir / "plans.json").read_text())
+
+
+def test_plan_prints_and_writes_the_top_3_in_the_papers_notation(tmp_path, capsys):
+    _run(SMALL + ["--out", str(tmp_path)])
+    result = _plans(tmp_path)
+    names = [p["deployment"] for p in result["plans"]]
+    assert len(names) == 3 == len(set(names)) and all(n.startswith("P:<TP=") and " D:<TP=" in n for n in names)
+    assert all(p["status"] == "optimal" for p in result["plans"])
+    assert [p["objective"] for p in result["plans"]] == sorted(p["objective"] for p in result["plans"])
+    assert result["local_share"] == 0.2 and result["config"]["workload"]["rate_per_s"] == 1.0
+    printed = capsys.readouterr().out
+    assert all(n in printed for n in names)
+
+
+def test_milp_gives_the_same_plans_as_scip(tmp_path):
+    _run(SMALL + ["--out", str(tmp_path / "scip"), "--top-k", "5"])
+    _run(SMALL + ["--out", str(tmp_path / "milp"), "--top-k", "5", "--solver", "milp"])
+    scip, milp = _plans(tmp_path / "scip")["plans"], _plans(tmp_path / "milp")["plans"]
+    assert [p["deployment"] for p in scip] == [p["deployment"] for p in milp]
+
+
+def test_simulate_ranks_the_top_plans_and_a_sample(tmp_path, capsys):
+    _run(SMALL + ["--out", str(tmp_path), "--simulate", "--sample", "2", "--jobs", "1", "--system", "pd-disagg"])
+    result = _plans(tmp_path)
+    rows = result["simulated"]
+    assert len(rows) == 5 and result["local_share"] == 0.0
+    assert sorted(r["planned_rank"] for r in rows) == sorted(r["simulated_rank"] for r in rows) == [1, 2, 3, 4, 5]
+    assert [r["deployment"] for r in rows[:3]] == [p["deployment"] for p in result["plans"]]
+    assert set(result["agreement"]) >= {"same_best", "same_top_set", "spearman", "attainment_regret"}
+    assert "planned vs simulated" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gpu", "Z100"], "unknown GPU 'Z100'"),
+    (["--gpus", "3"], "too few GPUs"),
+    (["--local-share", "1.5"], "local_share must be in [0, 1)"),
+    (["--system", "nope"], "unknown system 'nope'"),
+])
+def test_infeasible_or_bad_input_is_refused_with_the_reason(argv, message, tmp_path):
+    with pytest.raises(InputError) as err:
+        _run(SMALL + argv + ["--out", str(tmp_path)])
+    assert message in str(err.value)
+
+
+def test_a_model_that_fits_no_replica_is_refused(tmp_path):
+    # servers of 2 L40S hold 2 x 48 GB x 0.9 = 86 GB, less than Llama-3.1-70B's 141 GB
+    config = tmp_path / "small_servers.toml"
+    config.write_text('[cluster]\nmodel = "Llama-3.1-70B"\ngpu = "L40S"\nnum_gpus = 8\ngpus_per_server = 2\n')
+    with pytest.raises(InputError) as err:
+        _run(SMALL + ["--config", str(config), "--out", str(tmp_path)])
+    assert "does not fit in memory at any degree" in str(err.value)
+
+
+def test_bad_counts_are_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        _run(SMALL + ["--top-k", "0", "--out", str(tmp_path)])
+    assert "expected an integer >= 1" in capsys.readouterr().err

@@ -1,0 +1,156 @@
+"""The planner's tau estimates worked out by hand on tiny cases, with the round-number
+performance model of ``stub_perf`` (prefill 1 ms per new token, decode step 20 ms,
+KV transfer 10 us per token between two workers)."""
+
+import numpy as np
+import pytest
+
+from ampd.core import Round, Session
+from ampd.core.errors import InputError
+from ampd.planner.decode_tau import decode_cells
+from ampd.planner.prefill_tau import _p95_s, prefill_cells
+from ampd.planner.queueing import PrefillChains, fcfs_ttft_s
+from ampd.planner.stream import build_stream
+from ampd.planner.timeline import level_integral, others_seen, weighted_quantile
+from stub_perf import StubPerf
+
+
+def _one_round_sessions(arrivals_s, input_tokens, output_tokens):
+    return [Session(f"s{i}", t, (Round(input_tokens, output_tokens),)) for i, t in enumerate(arrivals_s)]
+
+
+def _independent(ready, compute, read=0.0, send=0.0):
+    n = len(ready)
+    return PrefillChains(ready, [read] * n, compute, [send] * n, [True] * n, [0.0] * n, [-1] * n)
+
+
+def test_lindley_one_and_two_servers_by_hand():
+    ready, compute = [0.0, 1.0, 1.5], [2.0, 2.0, 2.0]
+    # one server: 0-2, 2-4, 4-6 -> TTFT 2, 3, 4.5
+    assert fcfs_ttft_s(_independent(ready, compute), 1) == ([2.0, 3.0, 4.5], True)
+    # two servers: 0-2, 1-3, 2-4 -> TTFT 2, 2, 2.5
+    assert fcfs_ttft_s(_independent(ready, compute), 2) == ([2.0, 2.0, 2.5], True)
+    # a 0.5 s history read before an idle server's compute, overlapped with a busy one's; 0.1 s back
+    ttft, waited = fcfs_ttft_s(_independent(ready, compute, read=0.5, send=0.1), 1)
+    assert ttft == pytest.approx([2.6, 3.6, 5.1]) and waited  # computes 0.5-2.5, 2.5-4.5, 4.5-6.5
+    assert fcfs_ttft_s(_independent([0.0, 5.0], [1.0, 1.0]), 1) == ([1.0, 1.0], False)
+
+
+def test_lindley_closed_over_a_session_and_local_tasks_by_hand():
+    # task 0: 3 s from t = 0. Task 1 (session A, round 0) ready at 1, waits until 3, computes
+    # 1 s: first token at 4; its round 1 (task 2) is ready 0.5 s later, at 4.5 (not at
+    # 1 + 1 + 0.5), and runs at once: TTFT 1. Task 3 is local: its own 2 s, no queue.
+    chains = PrefillChains([0.0, 1.0, 99.0, 2.0], [0.0] * 4, [3.0, 1.0, 1.0, 2.0], [0.0] * 4,
+                           [True, True, True, False], [0.0, 0.5, 0.0, 0.0], [-1, 2, -1, -1])
+    assert fcfs_ttft_s(chains, 1) == ([3.0, 3.0, 1.0, 2.0], True)
+
+
+def test_prefill_tau_by_hand():
+    # 2000-token prompts: 2 s of prefill, no history to read, 2000 x 10 us = 20 ms back.
+    stream = build_stream(_one_round_sessions([0.0, 1.0, 10.0], 2000, 2), 0.05, 0.0)
+    cells = prefill_cells(stream, StubPerf(), 1, 3, 1.0, cross_server=False, scope="strict")
+    # one-round sessions: a session's mean TTFT is its round's, so both scopes agree
+    assert cells == prefill_cells(stream, StubPerf(), 1, 3, 1.0, cross_server=False, scope="mean")
+    # one replica: 0-2, 2-4 (waited 1 s), 10-12 -> TTFT 2.02, 3.02, 2.02; P95 by linear
+    # interpolation between the 2nd and 3rd smallest: 2.02 + 0.9 x 1.0 = 2.92
+    assert cells[0].p95_s == pytest.approx(2.92) and cells[0].tau == pytest.approx(2.92)
+    # two replicas: nobody waits; a third changes nothing
+    assert [c.p95_s for c in cells[1:]] == pytest.approx([2.02, 2.02])
+    assert [c.dp for c in cells] == [1, 2, 3] and all(c.kv_tokens == 0 for c in cells)
+
+
+def test_prefill_cells_overloaded_when_work_reaches_capacity():
+    # 6 s of prefill over a 2 s span: utilisation 3, 1.5, 1.0 (still overloaded), then 0.75
+    stream = build_stream(_one_round_sessions([0.0, 1.0, 2.0], 2000, 2), 0.05, 0.0)
+    cells = prefill_cells(stream, StubPerf(), 1, 4, 1.0, cross_server=False, scope="strict")
+    assert [c.overloaded for c in cells] == [True, True, True, False]
+    assert "3.00 x what 1 replica(s)" in cells[0].reason
+    assert cells[3].p95_s == pytest.approx(2.02)
+
+
+def test_prefill_p95_over_rounds_or_over_sessions_by_hand():
+    ttft_s, session = np.array([1.0, 3.0, 2.0, 6.0]), np.array([0, 0, 1, 1])
+    # rounds sorted 1, 2, 3, 6: position 0.95 x 3 = 2.85 -> 3 + 0.85 x 3
+    assert _p95_s(ttft_s, session, "strict") == pytest.approx(5.55)
+    # session means 2 and 4: 2 + 0.95 x 2
+    assert _p95_s(ttft_s, session, "mean") == pytest.approx(3.9)
+
+
+@pytest.mark.parametrize("scope", ["mean", "strict"])
+def test_decode_tau_and_kv_by_hand_without_local_prefills(scope):
+    # one session every 10 s, 100 + 51 tokens each: never two at once, so the batch is 1
+    # and every gap is one 20 ms step; a session holds 151 tokens for 51 x 20 ms out of
+    # every 10 s (> 5 % of the time), so the P95 resident KV is 151 tokens.
+    stream = build_stream(_one_round_sessions([10.0 * i for i in range(11)], 100, 51), 0.05, 0.0)
+    cells = decode_cells(stream, StubPerf(), 2, 2, 0.05, scope)
+    assert [c.p95_s for c in cells] == pytest.approx([0.02, 0.02])
+    assert [c.tau for c in cells] == pytest.approx([0.4, 0.4])
+    assert [c.kv_tokens for c in cells] == [151, 76]
+
+
+def test_decode_tau_by_hand_with_local_prefills():
+    # 21 sessions in 1 s, half their 100-token prefills local (0.1 s each at 1 ms/token):
+    # 21 prefills/s x 0.5 / k local prefills per second per replica.
+    stream = build_stream(_one_round_sessions([0.05 * i for i in range(21)], 100, 51), 0.05, 0.5)
+    one, two, three = decode_cells(stream, StubPerf(), 1, 20, 0.05, "strict")[:3]
+    # k = 1: 10.5 prefills/s x 0.1 s = 1.05 of the replica: overloaded
+    assert one.overloaded and "1.05 x the replica" in one.reason
+    # k = 2: busy u = 0.525, mean gap 0.02 / 0.475; a gap holds a prefill with probability
+    # 5.25 x 0.0421 = 0.22 > 5 %, so P95 = step + prefill = 0.12 s
+    assert two.p95_s == pytest.approx(0.12) and three.p95_s == pytest.approx(0.12)
+    # k = 20: 0.525 prefills/s, probability 0.525 x 0.02 / 0.9475 = 1.1 %: P95 = one step
+    assert decode_cells(stream, StubPerf(), 1, 20, 0.05, "strict")[-1].p95_s == pytest.approx(0.02)
+    # mean scope: the pauses spread over a session's tokens, mean gap 0.02 / (1 - u)
+    means = decode_cells(stream, StubPerf(), 1, 3, 0.05, "mean")
+    assert [c.p95_s for c in means[1:]] == pytest.approx([0.02 / 0.475, 0.02 / 0.65])
+
+
+def test_decode_overloaded_when_no_batch_fits_the_kv_capacity():
+    stream = build_stream(_one_round_sessions([0.05 * i for i in range(21)], 100, 51), 0.05, 0.0)
+    cell = decode_cells(stream, StubPerf(capacity_tokens=100), 1, 1, 0.05, "mean")[0]
+    assert cell.overloaded and "KV capacity" in cell.reason
+
+
+def test_stream_by_hand():
+    sessions = [Session("a", 0.0, (Round(10, 4, 1.0), Round(5, 2))),
+                Session("b", 0.5, (Round(20, 3, 0.2), Round(7, 1)))]
+    stream = build_stream(sessions, 0.1, 0.25)
+    # a1 ready at 0 + 4 x 0.1 + 1.0 = 1.4; b1 at 0.5 + 3 x 0.1 + 0.2 = 1.0
+    assert stream.ready_s.tolist() == pytest.approx([0.0, 0.5, 1.0, 1.4])
+    assert stream.hist_tokens.tolist() == [0, 0, 23, 14] and stream.new_tokens.tolist() == [10, 20, 7, 5]
+    assert stream.session.tolist() == [0, 1, 1, 0] and stream.next_task.tolist() == [3, 2, -1, -1]
+    # after the first token: 3 more tokens and the 1 s tool (a0), 2 tokens and 0.2 s (b0)
+    assert stream.after_s.tolist() == pytest.approx([1.3, 0.4, 0.0, 0.1])
+    # local share 1/4: task i local when floor((i + 1) 3/4) == floor(i 3/4): task 0
+    assert stream.remote.tolist() == [False, True, True, True]
+    # decoded tokens see contexts 11, 12, 13 (a0), 21, 22 (b0), 20 (a1); b1 decodes nothing
+    assert stream.decode.mean_context_tokens == pytest.approx(99 / 6)
+    # at 0.1 s per token (the grid's top: 10 x the 0.01 s threshold) no two decodes
+    # overlap, and the KV is 14 (0.8 s), 21 (0.2 s), 37 (0.5 s), 45 (0.1 s): P95 = 45
+    at_top = build_stream(sessions, 0.01, 0.0).decode
+    assert at_top.others_at(0.1) == 0.0 and at_top.session_others_p95_at(0.1) == 0.0
+    assert at_top.kv_p95_tokens_at(0.1) == 45
+
+
+def test_timeline_helpers_by_hand():
+    # [0, 2] and [1, 3]: covered 1, 2, 1 over 1 s each; an instant of an interval sees
+    # 0 others (weight 1 x 1 s), 1 (weight 2 x 1 s), 0 (1 x 1 s): mean 2 / 4
+    others, weights = others_seen(np.array([0.0, 1.0]), np.array([2.0, 3.0]))
+    assert others.tolist() == [0.0, 1.0, 0.0] and weights.tolist() == [1.0, 2.0, 1.0]
+    times, integral = level_integral(np.array([0.0, 1.0, 2.0, 3.0]), np.array([1.0, 1.0, -1.0, -1.0]))
+    assert times.tolist() == [0.0, 1.0, 2.0, 3.0] and integral.tolist() == [0.0, 1.0, 3.0, 4.0]
+    values, weights = np.array([3.0, 1.0, 2.0]), np.array([0.05, 0.9, 0.05])
+    assert weighted_quantile(values, weights, 0.9) == 1.0
+    assert weighted_quantile(values, weights, 0.95) == 2.0
+    assert weighted_quantile(values, weights, 0.96) == 3.0
+
+
+@pytest.mark.parametrize("sessions,share,message", [
+    (_one_round_sessions([1.0, 1.0], 10, 2), 0.0, "different arrival times"),
+    (_one_round_sessions([0.0, 1.0], 10, 2), 1.0, "local_share must be in [0, 1)"),
+    (_one_round_sessions([0.0, 1.0], 10, 2), 0.6, "leaves none of the 2 prefills"),
+])
+def test_stream_refuses_what_it_cannot_plan_for(sessions, share, message):
+    with pytest.raises(InputError) as err:
+        build_stream(sessions, 0.05, share)
+    assert message in str(err.value)
