@@ -6,7 +6,7 @@ keeps both P95 latencies within ``KNEE_Z`` x their thresholds (bisection on a lo
 scale). The planner's top 3 and a seeded sample of ``SAMPLE`` other feasible plans are
 simulated (``NUM_SESSIONS`` sessions, the same ones for every plan) and ranked by SLO
 attainment, ties by mean TTFT. Each system is planned with its own local share
-(``ampd.cli.plan.default_local_share``).
+(``ampd.planning.default_local_share``).
 
 Run: ``python bench/bench_planner_agreement.py`` -> ``bench/results/planner_agreement.json``
 and the table printed in Markdown (docs/PLANNER.md).
@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_result  # noqa: E402
 
-from ampd.cli.plan import agreement, default_local_share, plan_for, simulate_plans, simulation_pool  # noqa: E402
+from ampd.cli.plan import agreement, simulate_plans, simulation_pool  # noqa: E402
+from ampd.planning import default_local_share, plan_for  # noqa: E402
 from ampd.config import RunConfig, override  # noqa: E402
 from ampd.core.errors import InputError  # noqa: E402
 from ampd.sweep import resolve_slo  # noqa: E402

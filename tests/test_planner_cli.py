@@ -1,5 +1,5 @@
 """``ampd plan`` end to end on small workloads, and its refusals (called through a
-parser built with ``ampd.cli.plan.register``, as ``ampd.cli.main`` will)."""
+parser built with ``ampd.cli.plan.register``, as ``ampd.cli.main`` does)."""
 
 import argparse
 import json

@@ -9,7 +9,8 @@ from ampd.experiment import sessions_for, simulate
 from ampd.policy.systems import SYSTEMS
 from ampd.sweep import resolve_slo
 
-BASE = override(RunConfig(), workload={"name": "toolbench", "num_sessions": 60, "rate_per_s": 1.0})
+BASE = override(RunConfig(), cluster={"deployment": "P:<TP=2,DP=2> D:<TP=4,DP=1>"},
+                workload={"name": "toolbench", "num_sessions": 60, "rate_per_s": 1.0})
 
 
 def _fingerprint(out):
@@ -66,3 +67,15 @@ def test_session_larger_than_any_decode_replica_is_refused():
     with pytest.raises(InputError, match="huge"):
         simulate(override(BASE, slo={"ttft_s": 1.0, "itl_s": 0.1}, cluster={"deployment": "P:<TP=4,DP=1> D:<TP=4,DP=1>"}),
                  huge)
+
+
+def test_auto_deployment_is_the_planners_choice_or_the_colocated_default():
+    from ampd.planning import plan_for
+    from ampd.sweep import resolve
+    auto = override(BASE, cluster={"deployment": "auto"})
+    planned = resolve(auto)
+    assert planned.cluster.deployment == str(plan_for(resolve_slo(auto), top_k=1)[0].deployment)
+    # Llama-3.1-70B fits on 2 H20s, so the reference TP is 4: two colocated replicas on 8 GPUs.
+    assert resolve(override(auto, system="vllm")).cluster.deployment == "D:<TP=4,DP=2>"
+    with pytest.raises(InputError, match="'auto' must be resolved"):
+        simulate(resolve_slo(auto))

@@ -25,15 +25,16 @@ class _Strict(BaseModel):
 class ClusterConfig(_Strict):
     """The simulated hardware and the deployment on it.
 
-    ``deployment`` is in the paper's notation; the default is AMPD.md section 4's
-    ToolBench scale (one server of 8 GPUs).
+    ``deployment`` is in the paper's notation, or ``"auto"`` (the default): the
+    planner's best plan for disaggregated systems, ``D:<TP=n,DP=N/n>`` at the
+    reference TP for colocated ones (``ampd.planning.resolve_deployment``).
     """
 
     model: str = "Llama-3.1-70B"
     gpu: str = "H20"
     num_gpus: int = Field(8, ge=1, le=65536)
     gpus_per_server: int = Field(8, ge=1)
-    deployment: str = "P:<TP=2,DP=2> D:<TP=4,DP=1>"
+    deployment: str = "auto"
     network_gb_per_s: float = Field(200.0, gt=0, description="between servers (AMPD.md section 4: InfiniBand 200 GB/s)")
 
 

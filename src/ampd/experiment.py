@@ -104,6 +104,9 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     perf = perf_model_for(config)
     sessions = sessions if sessions is not None else sessions_for(config)
     slo = slo_for(config, perf, sessions)
+    if config.cluster.deployment == "auto":
+        raise InputError("cluster.deployment 'auto' must be resolved before simulating "
+                         "(ampd.planning.resolve_deployment; the CLI does it)")
     specs = Deployment.parse(config.cluster.deployment).workers(config.cluster.num_gpus, config.cluster.gpus_per_server)
     _check_roles(system, specs, config.cluster.deployment)
     p = config.policy

@@ -1,6 +1,7 @@
 """Sweeps: systems x workloads x rates, each point one simulation, run on every
 core. Thresholds are resolved once per workload (from its sessions at the
-lowest rate) so every system and rate of that workload is judged alike."""
+lowest rate) so every system and rate of that workload is judged alike; an
+``auto`` deployment once per workload and system (``_planned``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tqdm import tqdm
 from ampd.config import RunConfig, SweepConfig, override
 from ampd.core.errors import InputError
 from ampd.experiment import perf_model_for, sessions_for, simulate, slo_for
+from ampd.planning import resolve_deployment
 from ampd.workload import WORKLOADS
 
 
@@ -35,6 +37,25 @@ def resolve_slo(config: RunConfig) -> RunConfig:
     return override(config, slo={"ttft_s": slo.ttft_s, "itl_s": slo.itl_s})
 
 
+def resolve(config: RunConfig) -> RunConfig:
+    """``config`` ready to run and to save: thresholds and deployment explicit."""
+    return resolve_deployment(resolve_slo(config))
+
+
+def _planned(config: RunConfig, rates_per_s: Sequence[float]) -> RunConfig:
+    """``config`` with an ``auto`` deployment planned once for the sweep's load:
+    [our choice] at the median rate, or at the next lower rate where the planner
+    finds a feasible plan (an overloaded rate has none)."""
+    ordered = sorted(rates_per_s)
+    candidates = ordered[: len(ordered) // 2 + 1][::-1]
+    for rate in candidates[:-1]:
+        try:
+            return resolve_deployment(override(config, workload={"rate_per_s": rate}))
+        except InputError:
+            continue
+    return resolve_deployment(override(config, workload={"rate_per_s": candidates[-1]}))
+
+
 def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
     """Every point's full configuration, thresholds resolved per workload.
 
@@ -48,8 +69,9 @@ def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
         resolved = resolve_slo(first)
         for system in sweep.systems:
             cluster = {"deployment": sweep.deployments[system]} if system in sweep.deployments else {}
+            planned = _planned(override(resolved, system=system, cluster=cluster), w.rates_per_s)
             for rate in w.rates_per_s:
-                configs.append(override(resolved, system=system, cluster=cluster, workload={"rate_per_s": rate}))
+                configs.append(override(planned, workload={"rate_per_s": rate}))
     return configs
 
 

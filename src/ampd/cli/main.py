@@ -15,7 +15,7 @@ from ampd.experiment import simulate
 from ampd.metrics.plot import plot_attainment
 from ampd.metrics.report import decision_rows, round_rows, write_csv, write_json, write_jsonl
 from ampd.policy.systems import SYSTEMS
-from ampd.sweep import plan_sweep, resolve_slo, run_sweep, workload_source
+from ampd.sweep import plan_sweep, resolve, run_sweep, workload_source
 
 
 def _floats(text: str) -> list[float]:
@@ -52,7 +52,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     workload = {"rate_per_s": args.rate} if args.rate is not None else {}
     if args.workload is not None:
         workload.update(workload_source(args.workload))
-    config = resolve_slo(override(config, **changes, workload=workload))
+    config = resolve(override(config, **changes, workload=workload))
     out = simulate(config)
     row = {"system": config.system, "workload": config.workload.label,
            "rate_per_s": config.workload.rate_per_s, **out.summary.to_dict()}
@@ -87,7 +87,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     configs = plan_sweep(base, sweep)
     rows = run_sweep(configs, args.jobs, progress=not args.quiet)
     c = base.cluster
-    title = f"{c.model} on {c.num_gpus} x {c.gpu}, {c.deployment}"
+    deployment = "deployments planned per system (sweep.csv)" if c.deployment == "auto" else c.deployment
+    title = f"{c.model} on {c.num_gpus} x {c.gpu}, {deployment}"
     print_table(summary_table(title, rows))
     write_json(out_dir / "sweep.json", {"rows": rows, "configs": [x.model_dump(mode="json") for x in configs]})
     write_csv(out_dir / "sweep.csv", rows)

@@ -16,25 +16,10 @@ from scipy.stats import spearmanr
 from ampd.cli.options import add_run_options, config_from_args, output_dir
 from ampd.cli.tables import print_table
 from ampd.config import RunConfig, override
-from ampd.core.session import Session
-from ampd.experiment import perf_model_for, sessions_for, slo_for
 from ampd.metrics.report import write_json
-from ampd.perf.interface import PerfModel
-from ampd.planner import AMPD_LOCAL_SHARE, SOLVERS, Plan, enumerate_plans, estimate_tau, plan_deployments
-from ampd.policy.routing import SloThresholds
-from ampd.policy.systems import get_system
+from ampd.planner import AMPD_LOCAL_SHARE, SOLVERS, Plan, enumerate_plans, estimate_tau
+from ampd.planning import default_local_share, plan_for, planner_inputs
 from ampd.sweep import resolve_slo, run_sweep, workload_source
-
-
-def default_local_share(system: str) -> float:
-    """The planner's ``local_share`` for a system: 0 for plain PD disaggregation (every
-    prefill remote), else AMPD's ``AMPD_LOCAL_SHARE``. Other systems' shares depend on
-    their rules and the load: give ``--local-share``.
-
-    Raises:
-        InputError: unknown system.
-    """
-    return 0.0 if get_system(system).name == "pd-disagg" else AMPD_LOCAL_SHARE
 
 
 def _count(minimum: int):
@@ -50,31 +35,11 @@ def _count(minimum: int):
     return parse
 
 
-def _inputs(config: RunConfig) -> tuple[list[Session], PerfModel, SloThresholds]:
-    perf, sessions = perf_model_for(config), sessions_for(config)
-    return sessions, perf, slo_for(config, perf, sessions)
-
-
-def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None,
-             solver: str = "scip") -> list[Plan]:
-    """The planner's top-k deployments for a run configuration: its sessions, model,
-    GPU, cluster size, thresholds (missing ones derived as for a run) and SLO scope;
-    ``local_share`` defaults to ``default_local_share(config.system)``.
-
-    Raises:
-        InputError: as ``ampd.planner.plan_deployments``, or an unknown model, GPU or system.
-    """
-    share = default_local_share(config.system) if local_share is None else local_share
-    c = config.cluster
-    return plan_deployments(*_inputs(config), c.num_gpus, c.gpus_per_server, top_k, share, solver,
-                            config.slo.scope.value)
-
-
 def simulation_pool(config: RunConfig, plans: Sequence[Plan], sample: int, local_share: float) -> list[Plan]:
     """``plans`` plus ``sample`` other feasible plans drawn with ``random.Random(config.seed)``,
     all in the planner's order (``Plan.order_key``)."""
     c = config.cluster
-    table = estimate_tau(*_inputs(config), c.num_gpus, c.gpus_per_server, local_share, config.slo.scope.value)
+    table = estimate_tau(*planner_inputs(config), c.num_gpus, c.gpus_per_server, local_share, config.slo.scope.value)
     chosen = {str(p.deployment) for p in plans}
     others = [p for p in enumerate_plans(table) if str(p.deployment) not in chosen]
     extra = random.Random(config.seed).sample(others, min(sample, len(others)))

@@ -1,0 +1,73 @@
+"""The planner applied to a run configuration: its plans, and the ``auto``
+deployment every experiment resolves before it runs (issue: "the simulator
+experiments use the planner's choice for AMPD unless a deployment is given")."""
+
+from __future__ import annotations
+
+from ampd.config import RunConfig, override
+from ampd.core.deployment import Deployment, ReplicaGroup, Role
+from ampd.core.session import Session
+from ampd.experiment import perf_model_for, sessions_for, slo_for
+from ampd.perf.interface import PerfModel
+from ampd.planner import AMPD_LOCAL_SHARE, Plan, plan_deployments
+from ampd.policy.routing import SloThresholds
+from ampd.policy.systems import get_system
+from ampd.slo_rule import reference_tp
+
+AUTO = "auto"
+
+
+def default_local_share(system: str) -> float:
+    """The planner's ``local_share`` for a system: AMPD's ``AMPD_LOCAL_SHARE`` for the
+    AMPD family (systems named ``ampd*``), 0 for the other disaggregated systems.
+    [our choice] Dynamo's threshold rules run a load-dependent share locally that
+    the planner cannot know in advance; they are planned as plain disaggregation.
+
+    Raises:
+        InputError: unknown system.
+    """
+    return AMPD_LOCAL_SHARE if get_system(system).name.startswith("ampd") else 0.0
+
+
+def planner_inputs(config: RunConfig) -> tuple[list[Session], PerfModel, SloThresholds]:
+    """The sessions, performance model and thresholds the planner plans a run for."""
+    perf, sessions = perf_model_for(config), sessions_for(config)
+    return sessions, perf, slo_for(config, perf, sessions)
+
+
+def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None,
+             solver: str = "scip") -> list[Plan]:
+    """The planner's top-k deployments for a run configuration: its sessions, model,
+    GPU, cluster size, thresholds (missing ones derived as for a run) and SLO scope;
+    ``local_share`` defaults to ``default_local_share(config.system)``.
+
+    Raises:
+        InputError: as ``ampd.planner.plan_deployments``, or an unknown model, GPU or system.
+    """
+    share = default_local_share(config.system) if local_share is None else local_share
+    c = config.cluster
+    return plan_deployments(*planner_inputs(config), c.num_gpus, c.gpus_per_server, top_k, share, solver,
+                            config.slo.scope.value)
+
+
+def colocated_default(config: RunConfig) -> Deployment:
+    """``D:<TP=n,DP=N/n>`` at the SLO rule's reference TP: the colocated baselines'
+    deployment when none is given."""
+    tp = min(reference_tp(perf_model_for(config)), config.cluster.num_gpus)
+    return Deployment.of([ReplicaGroup(Role.DECODE, tp, config.cluster.num_gpus // tp)])
+
+
+def resolve_deployment(config: RunConfig) -> RunConfig:
+    """``config`` with ``cluster.deployment = "auto"`` replaced: the planner's best plan
+    for disaggregated systems, ``colocated_default`` for colocated ones.
+
+    Raises:
+        InputError: as ``plan_for`` (e.g. no feasible plan at this load, with the reason).
+    """
+    if config.cluster.deployment != AUTO:
+        return config
+    if get_system(config.system).colocated:
+        deployment = colocated_default(config)
+    else:
+        deployment = plan_for(config, top_k=1)[0].deployment
+    return override(config, cluster={"deployment": str(deployment)})
