@@ -37,7 +37,8 @@ RATE_FRACTIONS = (0.4, 0.7, 1.0, 1.3, 1.6)
 QUICK_RATE_FRACTIONS = (0.5, 1.0, 1.5)
 SEARCH_FRACTION = 1.0  # the rate of the search, the latency breakdown and the sensitivity (in both grids)
 
-# Baselines and AMPD variants, each on its own best deployment.
+# Disaggregated systems: the AMPD family on the planner's deployment (the search when the planner
+# finds no feasible plan), the baselines on their best deployment (search.py).
 DISAGGREGATED = ("ampd", "ampd-predictive", "pd-disagg", "dynamo-length", "dynamo-busy", "dynamo-conditional")
 COLOCATED = ("vllm", "vllm-chunked", "continuum")
 # Ablations of AMPD (AMPD.md section 3): on AMPD's deployment, remove reordering, then routing too.

@@ -34,7 +34,8 @@ def summarize(grid_rows, ablation_rows, sensitivity_rows, best) -> dict:
         "ablation": analysis.mean_attainment(ablation_rows, "system"),
         "sensitivity": analysis.mean_attainment(sensitivity_rows, "knob", "value"),
         "mean_attainment": analysis.mean_attainment(grid_rows, "system"),
-        "best_deployments": [{"cell": c, "system": s, "deployment": str(d)} for (c, s), d in best.items()],
+        "best_deployments": [{"cell": c, "system": s, "deployment": str(d), "chosen_by": how}
+                             for (c, s), (d, how) in best.items()],
     }
 
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 from ampd.config import RunConfig, override
 from ampd.core.deployment import Deployment
+from ampd.core.errors import InputError
 from ampd.experiment import perf_model_for, sessions_for
 from ampd.perf.interface import PerfModel
+from ampd.planning import resolve_deployment
 from ampd.reproduce import grid
 from ampd.reproduce.capacity import find_knees, prefill_bound_rate_per_s
 from ampd.reproduce.deployments import colocated_candidates, disaggregated_candidates
@@ -69,23 +71,38 @@ class Runner:
         return run_sweep(configs, self.jobs, self.progress, self.cache_dir)
 
 
-def search_best(cells: list[Prepared], quick: bool, run: Runner) -> dict[tuple[str, str], Deployment]:
-    """Each (cell label, system)'s best deployment (``search.py``); --quick keeps
-    the coarse stage only."""
-    searches, pools = {}, {}
+def search_best(cells: list[Prepared], quick: bool, run: Runner) -> dict[tuple[str, str], tuple[Deployment, str]]:
+    """Each (cell label, system)'s deployment and how it was chosen: the planner's
+    best plan at the knee for the AMPD family (issue: experiments use the planner's
+    choice for AMPD), falling back to the search when the planner finds no feasible
+    plan; the search (``search.py``) for every baseline. --quick keeps the search's
+    coarse stage only."""
+    chosen, searches, pools = {}, {}, {}
     for p in cells:
         pd_all = disaggregated_candidates(p.perf, p.cell.num_gpus)
         for system in grid.DISAGGREGATED:
-            pools[(p.cell.label, system)] = pd_all
-            searches[(p.cell.label, system)] = (override(p.config, system=system), coarse(pd_all, p.cell.num_gpus))
+            key = (p.cell.label, system)
+            planned = _planned(p, system) if system.startswith("ampd") else None
+            if planned is not None:
+                chosen[key] = (planned, "planner")
+                continue
+            pools[key] = pd_all
+            searches[key] = (override(p.config, system=system), coarse(pd_all, p.cell.num_gpus))
         for system in grid.COLOCATED:
             searches[(p.cell.label, system)] = (override(p.config, system=system),
                                                 colocated_candidates(p.perf, p.cell.num_gpus))
     best = pick_best(searches, run)
-    if quick:
-        return best
-    fine = {key: (searches[key][0], same_pair(pool, best[key])) for key, pool in pools.items()}
-    return {**best, **pick_best(fine, run)}
+    if not quick:
+        best.update(pick_best({key: (searches[key][0], same_pair(pool, best[key])) for key, pool in pools.items()}, run))
+    return {**chosen, **{key: (d, "search") for key, d in best.items()}}
+
+
+def _planned(p: Prepared, system: str) -> Deployment | None:
+    try:
+        config = resolve_deployment(override(p.config, system=system, cluster={"deployment": "auto"}))
+    except InputError:
+        return None
+    return Deployment.parse(config.cluster.deployment)
 
 
 def _at(p: Prepared, system: str, deployment: Deployment, fraction: float, **policy) -> RunConfig:
@@ -103,7 +120,7 @@ def run_grid(cells: list[Prepared], best: dict, fractions: Sequence[float], run:
     for p in cells:
         for system in grid.DISAGGREGATED + grid.COLOCATED:
             for f in fractions:
-                configs.append(_at(p, system, best[(p.cell.label, system)], f))
+                configs.append(_at(p, system, best[(p.cell.label, system)][0], f))
                 labels.append({"cell": p.cell.label, "rate_fraction": f})
     return _annotate(run(configs), labels)
 
@@ -114,7 +131,7 @@ def run_ablation(cells: list[Prepared], best: dict, fractions: Sequence[float], 
     for p in cells:
         for system in grid.ABLATION:
             for f in fractions:
-                configs.append(_at(p, system, best[(p.cell.label, "ampd")], f))
+                configs.append(_at(p, system, best[(p.cell.label, "ampd")][0], f))
                 labels.append({"cell": p.cell.label, "rate_fraction": f})
     return _annotate(run(configs), labels)
 
@@ -126,6 +143,6 @@ def run_sensitivity(cells: list[Prepared], best: dict, run: Runner) -> list[dict
     configs, labels = [], []
     for p in cells:
         for name, value in knobs:
-            configs.append(_at(p, "ampd", best[(p.cell.label, "ampd")], grid.SEARCH_FRACTION, **{name: value}))
+            configs.append(_at(p, "ampd", best[(p.cell.label, "ampd")][0], grid.SEARCH_FRACTION, **{name: value}))
             labels.append({"cell": p.cell.label, "knob": name, "value": value})
     return _annotate(run(configs), labels)
