@@ -72,9 +72,11 @@ def test_tiny_reproduce_end_to_end_and_resume(tmp_path, monkeypatch):
     argv = ["reproduce", "--quick", "--jobs", "1", "--quiet", "--out", str(tmp_path)]
     assert main(argv) == 0
     results = json.loads((tmp_path / "results.json").read_text())
+    chosen = {b["system"]: b["chosen_by"] for b in results["tables"]["best_deployments"]}
+    assert chosen == {"ampd": "search", "pd-disagg": "search", "vllm": "search", "ampd [planner]": "planner"}
     systems = {r["system"] for r in results["grid"]}
-    assert systems == {"ampd", "pd-disagg", "vllm"}
-    assert len(results["grid"]) == 3 * len(grid.QUICK_RATE_FRACTIONS)
+    assert systems == set(chosen)
+    assert len(results["grid"]) == len(chosen) * len(grid.QUICK_RATE_FRACTIONS)
     assert {g["baseline"] for g in results["tables"]["gains"]} == {"pd-disagg", "vllm"}
     for name in ("attainment_grid.png", "latency_breakdown.png", "ablation.png", "sensitivity.png", "tables.md"):
         assert (tmp_path / name).stat().st_size > 0

@@ -25,8 +25,8 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     sensitivity_rows = run_sensitivity(cells, best, run)
     tables = write(out_dir, args.quick, grid_rows, ablation_rows, sensitivity_rows, best)
     for g in tables["gains"]:
-        if g["system"] == "ampd":
-            print(f"ampd over {g['baseline']}: mean {g['mean_gain_pct']:+.1f} %, max {g['max_gain_pct']:+.1f} % "
+        if g["system"] in ("ampd", "ampd [planner]"):
+            print(f"{g['system']} over {g['baseline']}: mean {g['mean_gain_pct']:+.1f} %, max {g['max_gain_pct']:+.1f} % "
                   f"({g['mean_gain_points']:+.1f} points on average)")
     print(f"results in {out_dir}/ (results.json, tables.md, attainment_grid.png, latency_breakdown.png, "
           f"ablation.png, sensitivity.png; points/ caches every simulation)")

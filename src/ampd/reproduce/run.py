@@ -71,30 +71,32 @@ class Runner:
         return run_sweep(configs, self.jobs, self.progress, self.cache_dir)
 
 
+PLANNED = " [planner]"  # label suffix of a system run on the planner's deployment
+
+
 def search_best(cells: list[Prepared], quick: bool, run: Runner) -> dict[tuple[str, str], tuple[Deployment, str]]:
-    """Each (cell label, system)'s deployment and how it was chosen: the planner's
-    best plan at the knee for the AMPD family (issue: experiments use the planner's
-    choice for AMPD), falling back to the search when the planner finds no feasible
-    plan; the search (``search.py``) for every baseline. --quick keeps the search's
-    coarse stage only."""
-    chosen, searches, pools = {}, {}, {}
+    """Each (cell label, system label)'s deployment and how it was chosen: the
+    search (``search.py``) for every system, and for the AMPD family also the
+    planner's best plan at the knee, under the label ``<system> [planner]`` (issue:
+    experiments use the planner's choice for AMPD), when the planner finds a
+    feasible plan. --quick keeps the search's coarse stage only."""
+    planned, searches, pools = {}, {}, {}
     for p in cells:
         pd_all = disaggregated_candidates(p.perf, p.cell.num_gpus)
         for system in grid.DISAGGREGATED:
             key = (p.cell.label, system)
-            planned = _planned(p, system) if system.startswith("ampd") else None
-            if planned is not None:
-                chosen[key] = (planned, "planner")
-                continue
             pools[key] = pd_all
             searches[key] = (override(p.config, system=system), coarse(pd_all, p.cell.num_gpus))
+            plan = _planned(p, system) if system.startswith("ampd") else None
+            if plan is not None:
+                planned[(p.cell.label, system + PLANNED)] = (plan, "planner")
         for system in grid.COLOCATED:
             searches[(p.cell.label, system)] = (override(p.config, system=system),
                                                 colocated_candidates(p.perf, p.cell.num_gpus))
     best = pick_best(searches, run)
     if not quick:
         best.update(pick_best({key: (searches[key][0], same_pair(pool, best[key])) for key, pool in pools.items()}, run))
-    return {**chosen, **{key: (d, "search") for key, d in best.items()}}
+    return {**{key: (d, "search") for key, d in best.items()}, **planned}
 
 
 def _planned(p: Prepared, system: str) -> Deployment | None:
@@ -115,18 +117,24 @@ def _annotate(rows: list[dict], labels: list[dict]) -> list[dict]:
 
 
 def run_grid(cells: list[Prepared], best: dict, fractions: Sequence[float], run: Runner) -> list[dict]:
-    """Every system on its best deployment at every rate of every cell."""
+    """Every system label of ``best`` on its deployment at every rate of every cell;
+    rows carry the label as ``system``."""
     configs, labels = [], []
     for p in cells:
-        for system in grid.DISAGGREGATED + grid.COLOCATED:
+        for (cell, label), (deployment, _) in best.items():
+            if cell != p.cell.label:
+                continue
             for f in fractions:
-                configs.append(_at(p, system, best[(p.cell.label, system)][0], f))
-                labels.append({"cell": p.cell.label, "rate_fraction": f})
-    return _annotate(run(configs), labels)
+                configs.append(_at(p, label.removesuffix(PLANNED), deployment, f))
+                labels.append({"cell": cell, "rate_fraction": f, "label": label})
+    rows = run(configs)
+    return [{**row, "cell": lab["cell"], "rate_fraction": lab["rate_fraction"], "system": lab["label"]}
+            for row, lab in zip(rows, labels)]
 
 
 def run_ablation(cells: list[Prepared], best: dict, fractions: Sequence[float], run: Runner) -> list[dict]:
-    """AMPD, without reordering, and without routing and reordering, all on AMPD's deployment."""
+    """AMPD, without reordering, and without routing and reordering, all on AMPD's
+    searched deployment."""
     configs, labels = [], []
     for p in cells:
         for system in grid.ABLATION:
