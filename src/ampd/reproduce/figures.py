@@ -29,10 +29,11 @@ def attainment_grid(rows: Sequence[dict], path: Path) -> None:
     for cell in cells:
         model, workload = cell.split(" / ")[:2]
         ax = axes[models.index(model)][workloads.index(workload)]
-        for system in systems:
+        for i, system in enumerate(systems):
             pts = sorted((r["rate_per_s"], 100 * r["slo_attainment"]) for r in rows
                          if r["cell"] == cell and r["system"] == system)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=system)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=system,
+                    color=plt.cm.tab20(i % 20), linestyle="--" if "[planner]" in system else "-")
         ax.set_title(cell, fontsize=9)
         ax.set_xlabel("sessions/s", fontsize=8)
         ax.set_ylabel("SLO attainment %", fontsize=8)
