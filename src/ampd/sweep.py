@@ -5,6 +5,7 @@ lowest rate) so every system and rate of that workload is judged alike; an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -83,8 +84,18 @@ def _point(config: RunConfig) -> dict:
             "num_events": out.result.num_events, **out.summary.to_dict()}
 
 
+@functools.cache
+def _code_digest() -> str:
+    """A digest of the package's sources: a cached point is reused only by the code
+    that produced it."""
+    sha = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        sha.update(path.read_bytes())
+    return sha.hexdigest()
+
+
 def _cache_path(cache_dir: Path, config: RunConfig) -> Path:
-    digest = hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:20]
+    digest = hashlib.sha256((_code_digest() + config.model_dump_json()).encode()).hexdigest()[:20]
     return cache_dir / f"{digest}.json"
 
 
@@ -107,7 +118,8 @@ def run_sweep(configs: Sequence[RunConfig], jobs: int | None = None, progress: b
               cache_dir: Path | None = None) -> list[dict]:
     """Simulate every configuration, ``jobs`` at a time (default: every core).
     Rows come back in the order of ``configs``. With ``cache_dir``, points that
-    ran before are read back instead of simulated again."""
+    ran before, with the same configuration and the same code, are read back
+    instead of simulated again."""
     jobs = jobs or os.cpu_count() or 1
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     cells = prepare(grid.cells(args.quick), run)
     fractions = grid.QUICK_RATE_FRACTIONS if args.quick else grid.RATE_FRACTIONS
     print(f"{len(cells)} cells; searching each system's best deployment")
-    best = search_best(cells, args.quick, run)
+    best = search_best(cells, run)
     print("grid")
     grid_rows = run_grid(cells, best, fractions, run)
     print("ablation and sensitivity")
@@ -35,7 +35,9 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
 def register(sub) -> None:
     """Add the ``reproduce`` subcommand."""
     p = sub.add_parser("reproduce", help="the paper's evaluation grid in the simulator")
-    p.add_argument("--quick", action="store_true", help="one model, fewer sessions and rates (minutes)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke-sized grid: one model, 100-120 sessions, 3 rates (minutes); its figures are "
+                        "noisier than the full grid's and not comparable with docs/RESULTS.md")
     p.add_argument("--jobs", type=int, help="parallel simulations (default: every core)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--out", help="results folder (default: out/reproduce/)")

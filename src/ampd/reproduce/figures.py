@@ -43,12 +43,18 @@ def attainment_grid(rows: Sequence[dict], path: Path) -> None:
     _save(fig, path)
 
 
+LEGEND = {"ttft_over_slo": "mean TTFT / threshold", "ttft_p95_over_slo": "P95 TTFT / threshold",
+          "itl_over_slo": "mean ITL / threshold", "itl_p95_over_slo": "P95 ITL / threshold",
+          "attainment_pct": "mean SLO attainment %"}
+
+
 def bars(table: Sequence[dict], label: str, columns: Sequence[str], path: Path, ylabel: str) -> None:
     """Grouped bars: one group per row of ``table`` (named by ``label``), one bar per column."""
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(table)), 3.6))
     width = 0.8 / len(columns)
     for i, column in enumerate(columns):
-        ax.bar([x + i * width for x in range(len(table))], [row[column] for row in table], width, label=column)
+        ax.bar([x + i * width for x in range(len(table))], [row[column] for row in table], width,
+               label=LEGEND.get(column, column))
     ax.set_xticks([x + width * (len(columns) - 1) / 2 for x in range(len(table))])
     ax.set_xticklabels([str(row[label]) for row in table], rotation=20, fontsize=8)
     ax.set_ylabel(ylabel)
@@ -66,5 +72,6 @@ def sensitivity(table: Sequence[dict], path: Path) -> None:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
         ax.set_xlabel(knob)
         ax.set_ylabel("mean SLO attainment %")
+        ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
     _save(fig, path)

@@ -46,7 +46,8 @@ def write(out_dir: Path, quick: bool, grid_rows, ablation_rows, sensitivity_rows
     write_json(out_dir / "results.json", {"quick": quick, "tables": tables, "grid": grid_rows,
                                           "ablation": ablation_rows, "sensitivity": sensitivity_rows})
     figures.attainment_grid(grid_rows, out_dir / "attainment_grid.png")
-    figures.bars(tables["breakdown"], "system", ["ttft_over_slo", "itl_over_slo", "itl_p95_over_slo"],
+    figures.bars(tables["breakdown"], "system", ["ttft_over_slo", "ttft_p95_over_slo", "itl_over_slo",
+                                                 "itl_p95_over_slo"],
                  out_dir / "latency_breakdown.png", "latency / SLO threshold")
     figures.bars(tables["ablation"], "system", ["attainment_pct"], out_dir / "ablation.png", "mean SLO attainment %")
     figures.sensitivity(tables["sensitivity"], out_dir / "sensitivity.png")

@@ -74,12 +74,12 @@ class Runner:
 PLANNED = " [planner]"  # label suffix of a system run on the planner's deployment
 
 
-def search_best(cells: list[Prepared], quick: bool, run: Runner) -> dict[tuple[str, str], tuple[Deployment, str]]:
+def search_best(cells: list[Prepared], run: Runner) -> dict[tuple[str, str], tuple[Deployment, str]]:
     """Each (cell label, system label)'s deployment and how it was chosen: the
     search (``search.py``) for every system, and for the AMPD family also the
     planner's best plan at the knee, under the label ``<system> [planner]`` (issue:
     experiments use the planner's choice for AMPD), when the planner finds a
-    feasible plan. --quick keeps the search's coarse stage only."""
+    feasible plan."""
     planned, searches, pools = {}, {}, {}
     for p in cells:
         pd_all = disaggregated_candidates(p.perf, p.cell.num_gpus)
@@ -94,8 +94,7 @@ def search_best(cells: list[Prepared], quick: bool, run: Runner) -> dict[tuple[s
             searches[(p.cell.label, system)] = (override(p.config, system=system),
                                                 colocated_candidates(p.perf, p.cell.num_gpus))
     best = pick_best(searches, run)
-    if not quick:
-        best.update(pick_best({key: (searches[key][0], same_pair(pool, best[key])) for key, pool in pools.items()}, run))
+    best.update(pick_best({key: (searches[key][0], same_pair(pool, best[key])) for key, pool in pools.items()}, run))
     return {**{key: (d, "search") for key, d in best.items()}, **planned}
 
 
