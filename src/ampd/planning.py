@@ -19,14 +19,14 @@ AUTO = "auto"
 
 def default_local_share(system: str) -> float:
     """The planner's ``local_share`` for a system: AMPD's ``AMPD_LOCAL_SHARE`` for the
-    AMPD family (systems named ``ampd*``), 0 for the other disaggregated systems.
+    adaptive-routing family (``System.adaptive``), 0 for the other disaggregated systems.
     [our choice] Dynamo's threshold rules run a load-dependent share locally that
     the planner cannot know in advance; they are planned as plain disaggregation.
 
     Raises:
         InputError: unknown system.
     """
-    return AMPD_LOCAL_SHARE if get_system(system).name.startswith("ampd") else 0.0
+    return AMPD_LOCAL_SHARE if get_system(system).adaptive else 0.0
 
 
 def planner_inputs(config: RunConfig) -> tuple[list[Session], PerfModel, SloThresholds]:

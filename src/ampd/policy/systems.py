@@ -38,6 +38,8 @@ class System:
             (``alternate``, ``prefill-first``, ``chunked``).
         kv_retention: what a session's KV does during a tool call
             (``resident``, ``lru``, ``pinned``).
+        adaptive: True for AMPD's adaptive routing and its variants, whose
+            share of local prefills the planner must provision for.
     """
 
     name: str
@@ -48,6 +50,7 @@ class System:
     colocated: bool = False
     batching: str = "alternate"
     kv_retention: str = "resident"
+    adaptive: bool = False
 
 
 def _adaptive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
@@ -72,11 +75,11 @@ def _ttft_aware(slo: SloThresholds, knobs: Knobs) -> QueuePolicy:
 
 SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("ampd", "AMPD: adaptive routing (Alg. 1) + TTFT-aware reordering (Alg. 2)",
-           _adaptive, _ttft_aware, needs_prefill_workers=False),
+           _adaptive, _ttft_aware, needs_prefill_workers=False, adaptive=True),
     System("ampd-predictive", "AMPD with a queue-aware prefill signal (ours, not the paper's) + Alg. 2",
-           _predictive, _ttft_aware, needs_prefill_workers=False),
+           _predictive, _ttft_aware, needs_prefill_workers=False, adaptive=True),
     System("ampd-no-reorder", "AMPD routing with FCFS queues (ablation)",
-           _adaptive, _fcfs, needs_prefill_workers=False),
+           _adaptive, _fcfs, needs_prefill_workers=False, adaptive=True),
     System("pd-disagg", "plain PD disaggregation (Dynamo): every prefill remote, FCFS",
            lambda perf, slo, knobs, rng: AlwaysRemoteRouter(), _fcfs),
     System("dynamo-length", "Dynamo conditional disaggregation: local when uncached < 2048 tokens and < 70 %",

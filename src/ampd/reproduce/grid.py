@@ -39,6 +39,7 @@ SEARCH_FRACTION = 1.0  # the rate of the search, the latency breakdown and the s
 
 # Disaggregated systems: the AMPD family on the planner's deployment (the search when the planner
 # finds no feasible plan), the baselines on their best deployment (search.py).
+PLANNED = " [planner]"  # label suffix of an adaptive system run on the planner's deployment
 DISAGGREGATED = ("ampd", "ampd-predictive", "pd-disagg", "dynamo-length", "dynamo-busy", "dynamo-conditional")
 COLOCATED = ("vllm", "vllm-chunked", "continuum")
 # Ablations of AMPD (AMPD.md section 3): on AMPD's deployment, remove reordering, then routing too.

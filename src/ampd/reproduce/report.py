@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ampd.metrics.report import write_json
+from ampd.policy.systems import SYSTEMS
 from ampd.reproduce import analysis, figures, grid
 
 
@@ -26,8 +27,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 def summarize(grid_rows, ablation_rows, sensitivity_rows, best) -> dict:
     """Every table of RESULTS.md, computed from the rows."""
-    baselines = [s for s in grid.DISAGGREGATED + grid.COLOCATED if not s.startswith("ampd")]
-    ours = [s for s in dict.fromkeys(r["system"] for r in grid_rows) if s.startswith("ampd")]
+    baselines = [s for s in grid.DISAGGREGATED + grid.COLOCATED if not SYSTEMS[s].adaptive]
+    ours = [s for s in dict.fromkeys(r["system"] for r in grid_rows) if SYSTEMS[s.removesuffix(grid.PLANNED)].adaptive]
     return {
         "gains": [analysis.gains(grid_rows, s, b) for s in ours for b in baselines],
         "local_share": analysis.local_share(grid_rows),

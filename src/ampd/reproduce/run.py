@@ -15,6 +15,7 @@ from ampd.core.errors import InputError
 from ampd.experiment import perf_model_for, sessions_for
 from ampd.perf.interface import PerfModel
 from ampd.planning import resolve_deployment
+from ampd.policy.systems import SYSTEMS
 from ampd.reproduce import grid
 from ampd.reproduce.capacity import find_knees, prefill_bound_rate_per_s
 from ampd.reproduce.deployments import colocated_candidates, disaggregated_candidates
@@ -71,9 +72,6 @@ class Runner:
         return run_sweep(configs, self.jobs, self.progress, self.cache_dir)
 
 
-PLANNED = " [planner]"  # label suffix of a system run on the planner's deployment
-
-
 def search_best(cells: list[Prepared], run: Runner) -> dict[tuple[str, str], tuple[Deployment, str]]:
     """Each (cell label, system label)'s deployment and how it was chosen: the
     search (``search.py``) for every system, and for the AMPD family also the
@@ -87,9 +85,9 @@ def search_best(cells: list[Prepared], run: Runner) -> dict[tuple[str, str], tup
             key = (p.cell.label, system)
             pools[key] = pd_all
             searches[key] = (override(p.config, system=system), coarse(pd_all, p.cell.num_gpus))
-            plan = _planned(p, system) if system.startswith("ampd") else None
+            plan = _planned(p, system) if SYSTEMS[system].adaptive else None
             if plan is not None:
-                planned[(p.cell.label, system + PLANNED)] = (plan, "planner")
+                planned[(p.cell.label, system + grid.PLANNED)] = (plan, "planner")
         for system in grid.COLOCATED:
             searches[(p.cell.label, system)] = (override(p.config, system=system),
                                                 colocated_candidates(p.perf, p.cell.num_gpus))
@@ -124,7 +122,7 @@ def run_grid(cells: list[Prepared], best: dict, fractions: Sequence[float], run:
             if cell != p.cell.label:
                 continue
             for f in fractions:
-                configs.append(_at(p, label.removesuffix(PLANNED), deployment, f))
+                configs.append(_at(p, label.removesuffix(grid.PLANNED), deployment, f))
                 labels.append({"cell": cell, "rate_fraction": f, "label": label})
     rows = run(configs)
     return [{**row, "cell": lab["cell"], "rate_fraction": lab["rate_fraction"], "system": lab["label"]}
