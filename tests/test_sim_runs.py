@@ -79,3 +79,15 @@ def test_auto_deployment_is_the_planners_choice_or_the_colocated_default():
     assert resolve(override(auto, system="vllm")).cluster.deployment == "D:<TP=4,DP=2>"
     with pytest.raises(InputError, match="'auto' must be resolved"):
         simulate(resolve_slo(auto))
+
+
+def test_link_bandwidths_are_configurable():
+    # 1000 tokens of Llama-3.1-70B KV = 327,680,000 bytes. Within a server, between TP 2 and TP 4, the
+    # shards move over min(2, 4) = 2 GPU pairs at half the per-GPU NVLink figure each (50 GB/s): 100 GB/s
+    # in all -> 3.2768 ms, plus the 50 us set-up. Between servers: 10 GB/s -> 32.768 ms + 50 us.
+    from ampd.core import Role, WorkerSpec
+    from ampd.experiment import perf_model_for
+    perf = perf_model_for(override(BASE, cluster={"nvlink_gb_per_s": 100.0, "network_gb_per_s": 10.0}))
+    p, d, far = WorkerSpec(0, Role.PREFILL, 2, 0), WorkerSpec(1, Role.DECODE, 4, 0), WorkerSpec(2, Role.DECODE, 4, 1)
+    assert perf.kv_transfer_s(1000, p, d) == pytest.approx(327_680_000 / 100e9 + 50e-6)
+    assert perf.kv_transfer_s(1000, p, far) == pytest.approx(327_680_000 / 10e9 + 50e-6)

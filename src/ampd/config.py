@@ -36,6 +36,8 @@ class ClusterConfig(_Strict):
     gpus_per_server: int = Field(8, ge=1)
     deployment: str = "auto"
     network_gb_per_s: float = Field(200.0, gt=0, description="between servers (AMPD.md section 4: InfiniBand 200 GB/s)")
+    nvlink_gb_per_s: float | None = Field(None, gt=0, description="per GPU, both directions; None: the GPU's "
+                                                                  "datasheet figure (H20: 900 GB/s)")
 
 
 class SloConfig(_Strict):

@@ -42,9 +42,10 @@ class RunOutput:
 def perf_model_for(config: RunConfig) -> PerfModel:
     """The performance model of the configured model, GPU and network."""
     cluster = config.cluster
-    topology = dataclasses.replace(default_topology(catalog.gpu(cluster.gpu)),
-                                   gpus_per_server=cluster.gpus_per_server,
-                                   network_gb_per_s=cluster.network_gb_per_s)
+    topology = default_topology(catalog.gpu(cluster.gpu))
+    topology = dataclasses.replace(topology, gpus_per_server=cluster.gpus_per_server,
+                                   network_gb_per_s=cluster.network_gb_per_s,
+                                   nvlink_gb_per_s=cluster.nvlink_gb_per_s or topology.nvlink_gb_per_s)
     return build_perf_model(cluster.model, cluster.gpu, topology)
 
 
