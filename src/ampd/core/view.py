@@ -42,6 +42,10 @@ class WorkerView:
         windowed_itl_s: mean ITL this (decode) worker delivered in the window, or None.
         kv_capacity_tokens: KV tokens the worker can hold (decode workers).
         kv_used_tokens: KV tokens held or reserved by its bound sessions.
+        reads_history: True when a remote prefill on this (prefill) worker reads
+            the session's history KV from the decode worker; False when the
+            engine recomputes the history instead (vLLM's prefill servers,
+            docs/SERVING.md): the cost model then charges that recompute.
     """
 
     spec: WorkerSpec
@@ -51,6 +55,7 @@ class WorkerView:
     windowed_itl_s: float | None = None
     kv_capacity_tokens: int = 0
     kv_used_tokens: int = 0
+    reads_history: bool = True
 
     @property
     def worker_id(self) -> int:
@@ -68,12 +73,23 @@ class WorkerView:
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
-    """All workers, indexed by worker id."""
+    """The workers a policy may use (the simulator's: all of them; the
+    coordinator's: the live ones), in worker id order."""
 
     workers: tuple[WorkerView, ...]
 
     def worker(self, worker_id: int) -> WorkerView:
-        return self.workers[worker_id]
+        """The worker with id ``worker_id``.
+
+        Raises:
+            KeyError: no such worker in the view (unknown, or dead in serving).
+        """
+        if 0 <= worker_id < len(self.workers) and self.workers[worker_id].worker_id == worker_id:
+            return self.workers[worker_id]
+        for w in self.workers:
+            if w.worker_id == worker_id:
+                return w
+        raise KeyError(f"worker {worker_id} is not in the cluster view")
 
     @property
     def prefill_workers(self) -> tuple[WorkerView, ...]:

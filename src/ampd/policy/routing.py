@@ -32,15 +32,25 @@ class SloThresholds:
             raise ValueError(f"SLO thresholds must be > 0: ttft_s={self.ttft_s}, itl_s={self.itl_s}")
 
 
+def remote_prefill_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView, perf: PerfModel) -> float:
+    """Time a remote prefill occupies ``prefill`` and its links, seconds: read the
+    history KV from the decode worker, prefill the new tokens, send their KV
+    back. An engine that does not read history (``reads_history`` False)
+    recomputes it instead and sends the whole prompt's KV back (DESIGN.md
+    section 5: the cost model charges what the engine really does)."""
+    if prefill.reads_history:
+        return (perf.kv_transfer_s(task.hist_tokens, decode.spec, prefill.spec)
+                + perf.prefill_s(task.hist_tokens, task.new_tokens, prefill.spec.tp)
+                + perf.kv_transfer_s(task.new_tokens, prefill.spec, decode.spec))
+    prompt_tokens = task.hist_tokens + task.new_tokens
+    return perf.prefill_s(0, prompt_tokens, prefill.spec.tp) + perf.kv_transfer_s(prompt_tokens, prefill.spec,
+                                                                                    decode.spec)
+
+
 def remote_estimate_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView, perf: PerfModel) -> float:
-    """``t_remote_i`` of Algorithm 1: drain the prefill worker's queue, read the
-    history KV from the decode worker, prefill, send the new KV back."""
-    return (
-        prefill.queue_drain_s
-        + perf.kv_transfer_s(task.hist_tokens, decode.spec, prefill.spec)
-        + perf.prefill_s(task.hist_tokens, task.new_tokens, prefill.spec.tp)
-        + perf.kv_transfer_s(task.new_tokens, prefill.spec, decode.spec)
-    )
+    """``t_remote_i`` of Algorithm 1: drain the prefill worker's queue, then
+    ``remote_prefill_s``."""
+    return prefill.queue_drain_s + remote_prefill_s(task, decode, prefill, perf)
 
 
 def local_estimate_s(task: PrefillTask, decode: WorkerView, perf: PerfModel) -> float:

@@ -1,0 +1,79 @@
+"""A coordinator from a ``RunConfig``: the same system, performance model and
+SLO thresholds a simulation of that configuration uses."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import zlib
+
+from ampd.config import RunConfig
+from ampd.core.deployment import Role, WorkerSpec
+from ampd.core.errors import InputError
+from ampd.experiment import perf_model_for, sessions_for, slo_for
+from ampd.policy.routing import SloThresholds
+from ampd.policy.systems import Knobs, get_system
+from ampd.serve.clock import ScaledClock
+from ampd.serve.coordinator import Coordinator, CoordinatorOptions
+from ampd.serve.decision_log import DecisionLog
+from ampd.serve.memory_store import MemoryStore
+from ampd.serve.redis_store import RedisStore
+from ampd.serve.store import StateStore, WorkerInfo
+
+_ROLES = {"prefill": Role.PREFILL, "decode": Role.DECODE}
+
+
+def engine_workers(config: RunConfig) -> list[WorkerInfo]:
+    """``serve.workers`` as registry entries, ids in the order given.
+
+    Raises:
+        InputError: the list is empty, or the system's roles do not match it.
+    """
+    entries = config.serve.workers
+    if not entries:
+        raise InputError("serve.workers is empty: list the engine servers ([[serve.workers]] url, role, tp, "
+                         "server), or let `ampd up` start them")
+    workers = [WorkerInfo(WorkerSpec(i, _ROLES[w.role], w.tp, w.server), w.url.rstrip("/"), config.serve.engine)
+               for i, w in enumerate(entries)]
+    system = get_system(config.system)
+    roles = {w.spec.role for w in workers}
+    if Role.DECODE not in roles:
+        raise InputError("serve.workers: at least one decode engine is needed (it holds the sessions' KV)")
+    if system.needs_prefill_workers and Role.PREFILL not in roles:
+        raise InputError(f"serve.workers: system {system.name!r} needs a prefill engine; none is listed")
+    return workers
+
+
+def serve_slo(config: RunConfig) -> SloThresholds:
+    """The thresholds the router aims at: the configured ones, each missing one
+    derived from the configured workload exactly as a simulation does."""
+    return slo_for(config, perf_model_for(config), sessions_for(config))
+
+
+def make_store(config: RunConfig) -> StateStore:
+    """Redis when ``serve.redis_url`` is set, else the in-memory store."""
+    window_s = config.policy.window_s
+    return RedisStore(config.serve.redis_url, window_s) if config.serve.redis_url else MemoryStore(window_s)
+
+
+def build_coordinator(config: RunConfig, replica_id: str = "") -> Coordinator:
+    """A coordinator replica for ``config`` (its store not yet contacted).
+
+    Raises:
+        InputError: unknown system, model or GPU; bad worker list.
+    """
+    serve = config.serve
+    replica_id = replica_id or serve.replica_id or f"{socket.gethostname()}:{os.getpid()}"
+    system = get_system(config.system)
+    perf = perf_model_for(config)
+    slo = serve_slo(config)
+    p = config.policy
+    knobs = Knobs(p.alpha, p.beta, p.reorder_window)
+    # Each replica draws its own visiting order (Algorithm 1 step 1), so replicas do not herd.
+    rng = random.Random(config.seed * 1_000_003 + zlib.crc32(replica_id.encode()))
+    options = CoordinatorOptions(replica_id, serve.served_model or config.cluster.model, serve.kv_timeout_s,
+                                 serve.admission_timeout_s, serve.health_interval_s)
+    return Coordinator(engine_workers(config), make_store(config), perf, system.make_router(perf, slo, knobs, rng),
+                       system.make_queue_policy(slo, knobs), ScaledClock(serve.time_scale), options,
+                       DecisionLog(serve.decisions_path or None))

@@ -1,0 +1,148 @@
+"""The coordinator's HTTP client for engine servers (mock and vLLM speak the same
+OpenAI-compatible subset: docs/SERVING.md, "Engine API")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+
+# What each engine kind can do (docs/SERVING.md, "Engine capabilities").
+READS_HISTORY = {"mock": True, "vllm": False}
+PREFILL_SLOTS = {"mock": 2, "vllm": 1}
+ENGINE_KINDS = tuple(READS_HISTORY)
+
+
+class EngineError(Exception):
+    """A call to an engine failed.
+
+    Attributes:
+        url: the engine.
+        reason: ``"connect"`` (unreachable: presumed dead), ``"timeout"``,
+            ``"status"`` (it answered with an error), ``"broken"`` (the stream
+            broke off or was malformed).
+        status: the HTTP status for ``"status"``.
+    """
+
+    def __init__(self, url: str, reason: str, message: str, status: int | None = None) -> None:
+        super().__init__(f"engine {url}: {reason}: {message}")
+        self.url, self.reason, self.status, self.message = url, reason, status, message
+
+    @property
+    def engine_down(self) -> bool:
+        """True when the engine is unreachable or hung up (not a refusal)."""
+        return self.reason in ("connect", "broken")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One streamed completion chunk: its token ids and text, and the raw event."""
+
+    token_ids: tuple[int, ...]
+    text: str
+    event: dict
+
+
+class EngineClient:
+    """Pooled HTTP/1.1 client for every engine of a coordinator.
+
+    Args:
+        connect_timeout_s: wall seconds to open a connection.
+    """
+
+    def __init__(self, connect_timeout_s: float = 2.0) -> None:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect_timeout_s), limits=limits)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def health(self, url: str, timeout_s: float = 2.0) -> bool:
+        """True when ``GET /health`` answers 200 within ``timeout_s``."""
+        try:
+            reply = await self._http.get(f"{url}/health", timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return reply.status_code == 200
+
+    async def tokenize(self, url: str, payload: dict, timeout_s: float = 10.0) -> list[int]:
+        """Token ids of a text prompt (``{"prompt": str}``) or of chat messages
+        under the model's chat template (``{"messages": [...]}``), by the
+        engine's ``POST /tokenize`` (vLLM's; the mock's byte-level one).
+
+        Raises:
+            EngineError: unreachable, timed out, or an error status.
+        """
+        reply = await self._post(url, "/tokenize", payload, {}, timeout_s)
+        return list(reply.json()["tokens"])
+
+    async def complete(self, url: str, body: dict, session_id: str, timeout_s: float) -> dict:
+        """A non-streaming completion (the remote prefill step): the reply JSON.
+
+        Raises:
+            EngineError: unreachable, timed out, or an error status.
+        """
+        reply = await self._post(url, "/v1/completions", body, _headers(session_id), timeout_s)
+        return reply.json()
+
+    async def _post(self, url: str, path: str, payload: dict, headers: dict, timeout_s: float) -> httpx.Response:
+        try:
+            reply = await self._http.post(f"{url}{path}", json=payload, headers=headers, timeout=timeout_s)
+        except httpx.TimeoutException as err:
+            raise EngineError(url, "timeout", f"no reply within {timeout_s:.3g} s") from err
+        except httpx.HTTPError as err:
+            raise EngineError(url, "connect", str(err) or type(err).__name__) from err
+        if reply.status_code >= 400:
+            raise EngineError(url, "status", _error_message(reply.text), reply.status_code)
+        return reply
+
+    async def stream(self, url: str, body: dict, session_id: str) -> AsyncIterator[Chunk]:
+        """A streaming completion, chunk by chunk (the usage chunk included, with
+        no tokens). An error status is raised before the first chunk.
+
+        Raises:
+            EngineError: unreachable, an error status, or the stream broke off.
+        """
+        request = self._http.build_request("POST", f"{url}/v1/completions", json=body,
+                                           headers=_headers(session_id))
+        try:
+            reply = await self._http.send(request, stream=True)
+        except httpx.HTTPError as err:
+            raise EngineError(url, "connect", str(err) or type(err).__name__) from err
+        try:
+            if reply.status_code >= 400:
+                raise EngineError(url, "status", _error_message((await reply.aread()).decode(errors="replace")),
+                                  reply.status_code)
+            async for chunk in _events(url, reply):
+                yield chunk
+        finally:
+            await reply.aclose()
+
+
+async def _events(url: str, reply: httpx.Response) -> AsyncIterator[Chunk]:
+    try:
+        async for line in reply.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            event = json.loads(data)
+            choices = event.get("choices") or [{}]
+            yield Chunk(tuple(choices[0].get("token_ids") or ()), choices[0].get("text") or "", event)
+    except (httpx.HTTPError, json.JSONDecodeError) as err:
+        raise EngineError(url, "broken", str(err) or type(err).__name__) from err
+    raise EngineError(url, "broken", "stream ended without [DONE]")
+
+
+def _headers(session_id: str) -> dict[str, str]:
+    return {"X-Session-Id": session_id}
+
+
+def _error_message(text: str) -> str:
+    try:
+        return str(json.loads(text)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return text[:500]

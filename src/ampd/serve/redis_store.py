@@ -1,0 +1,281 @@
+"""The shared state of coordinator replicas in Redis (standalone server; the
+scripts touch keys they compute, which Redis Cluster would refuse).
+
+Layout, every key under ``prefix`` (default ``ampd:``):
+
+| key | type | holds |
+|---|---|---|
+| ``workers`` / ``dead`` | hash / set | registry (id -> WorkerInfo JSON) / ids marked dead |
+| ``session:<id>`` | string | SessionState JSON |
+| ``kv:<worker>`` | integer | KV tokens reserved on a decode worker |
+| ``q:<worker>`` | list | waiting task keys, queue order |
+| ``qe:<worker>`` / ``qp:<worker>`` / ``postp:<worker>`` | hash | task key -> entry JSON / request body / postponements |
+| ``inflight:<worker>`` | hash | task key -> entry JSON |
+| ``win:<worker>`` | hash | ``<kind>:<slot>`` -> ``bucket|sum|count`` |
+| ``lease:<worker>`` | string | replica id allowed to dispatch the queue (expires) |
+| channel ``results:<replica>`` | pub/sub | prefill results for that replica |
+
+Windows are bucketed: ``BUCKETS`` buckets of ``window_s / BUCKETS`` seconds each,
+so the mean covers the last ``window_s`` seconds to within one bucket
+([our choice]: bounded memory and one hash per worker, whatever the rate).
+Every multi-key change is one Lua script, hence atomic across replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import math
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from ampd.core.view import QueuedTask
+from ampd.serve.store import QueueEntry, ResultHandler, SessionState, StoreUnavailable, WorkerInfo, WorkerState
+
+log = logging.getLogger(__name__)
+
+BUCKETS = 10
+
+_SNAPSHOT = """
+local p = ARGV[1]
+local out = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  out[#out + 1] = {
+    redis.call('SISMEMBER', p .. 'dead', id),
+    redis.call('LRANGE', p .. 'q:' .. id, 0, -1),
+    redis.call('HGETALL', p .. 'qe:' .. id),
+    redis.call('HGETALL', p .. 'postp:' .. id),
+    redis.call('HVALS', p .. 'inflight:' .. id),
+    redis.call('HGETALL', p .. 'win:' .. id),
+    redis.call('GET', p .. 'kv:' .. id) or '0'
+  }
+end
+return out
+"""
+
+_BIND = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
+  redis.call('INCRBY', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+_END = """
+local text = redis.call('GET', KEYS[1])
+if not text then return 0 end
+local state = cjson.decode(text)
+redis.call('DECRBY', ARGV[1] .. 'kv:' .. state[1], state[3])
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+_PUSH = """
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
+redis.call('RPUSH', KEYS[1], ARGV[1])
+"""
+
+# KEYS: q, qe, qp, postp, inflight; ARGV: task key, in-flight entry JSON (or '' to withdraw)
+_TAKE = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return false end
+local payload = redis.call('HGET', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[5], ARGV[1], ARGV[2]) end
+return payload or ''
+"""
+
+# KEYS: win hash; ARGV: kind, bucket, slot, total, count
+_SAMPLES = """
+local field = ARGV[1] .. ':' .. ARGV[3]
+local bucket, total, count = tonumber(ARGV[2]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local cur = redis.call('HGET', KEYS[1], field)
+if cur then
+  local b, s, n = string.match(cur, '([^|]+)|([^|]+)|([^|]+)')
+  if tonumber(b) == bucket then total = total + tonumber(s); count = count + tonumber(n) end
+end
+redis.call('HSET', KEYS[1], field, string.format('%d|%.17g|%d', bucket, total, count))
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class RedisStore:
+    """``StateStore`` in a Redis server shared by every coordinator replica.
+
+    Args:
+        url: ``redis://host:port/db``.
+        window_s: length of the TTFT/ITL windows, model seconds.
+        prefix: namespace of every key (several clusters may share one server).
+        timeout_s: socket timeout; a call that exceeds it raises ``StoreUnavailable``.
+
+    Raises (from every method): StoreUnavailable.
+    """
+
+    def __init__(self, url: str, window_s: float = 10.0, prefix: str = "ampd:", timeout_s: float = 1.0) -> None:
+        self.url, self.prefix = url, prefix
+        self.bucket_s = window_s / BUCKETS
+        self._redis = aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout_s,
+                                              socket_connect_timeout=timeout_s)
+        self._scripts = {name: self._redis.register_script(code) for name, code in (
+            ("snapshot", _SNAPSHOT), ("bind", _BIND), ("end", _END), ("push", _PUSH), ("take", _TAKE),
+            ("samples", _SAMPLES), ("release", _RELEASE))}
+        self._listeners: list[asyncio.Task] = []
+
+    def _k(self, *parts: object) -> str:
+        return self.prefix + ":".join(str(p) for p in parts)
+
+    async def _run(self, coro):
+        try:
+            return await coro
+        except (RedisError, OSError) as err:
+            raise StoreUnavailable(f"Redis at {self.url} failed: {err}") from err
+
+    async def _script(self, name: str, keys: list[str], args: list[object]):
+        return await self._run(self._scripts[name](keys=keys, args=args))
+
+    async def ping(self) -> None:
+        await self._run(self._redis.ping())
+
+    async def register_workers(self, workers: list[WorkerInfo]) -> None:
+        if workers:
+            mapping = {str(w.spec.worker_id): w.to_json() for w in workers}
+            await self._run(self._redis.hset(self._k("workers"), mapping=mapping))
+            await self._run(self._redis.srem(self._k("dead"), *mapping))
+
+    async def workers(self) -> list[WorkerInfo]:
+        entries = await self._run(self._redis.hgetall(self._k("workers")))
+        return sorted((WorkerInfo.from_json(v) for v in entries.values()), key=lambda w: w.spec.worker_id)
+
+    async def snapshot(self, worker_ids: list[int], now_s: float) -> list[WorkerState]:
+        rows = await self._script("snapshot", [], [self.prefix, *worker_ids])
+        return [self._state(wid, row, now_s) for wid, row in zip(worker_ids, rows)]
+
+    def _state(self, worker_id: int, row: list, now_s: float) -> WorkerState:
+        dead, keys, entries, postp, inflight, window, kv = row
+        entries, postp = _pairs(entries), _pairs(postp)
+        queue = [QueueEntry.from_json(entries[k], int(postp.get(k, 0))) for k in keys if k in entries]
+        ttft, itl = self._means(_pairs(window), now_s)
+        return WorkerState(worker_id, not dead, queue, [QueueEntry.from_json(e) for e in inflight], ttft, itl,
+                           int(kv))
+
+    def _means(self, window: dict[str, str], now_s: float) -> tuple[float | None, float | None]:
+        oldest = math.floor(now_s / self.bucket_s) - BUCKETS
+        sums = {"ttft": [0.0, 0], "itl": [0.0, 0]}
+        for field, value in window.items():
+            kind = field.split(":", 1)[0]
+            bucket, total, count = value.split("|")
+            if int(bucket) > oldest and kind in sums:
+                sums[kind][0] += float(total)
+                sums[kind][1] += int(count)
+        return tuple(t / n if n else None for t, n in sums.values())
+
+    async def set_alive(self, worker_id: int, alive: bool) -> None:
+        op = self._redis.srem if alive else self._redis.sadd
+        await self._run(op(self._k("dead"), worker_id))
+
+    async def get_session(self, session_id: str) -> SessionState | None:
+        text = await self._run(self._redis.get(self._k("session", session_id)))
+        return SessionState.from_json(text) if text else None
+
+    async def bind_session(self, session_id: str, state: SessionState) -> bool:
+        keys = [self._k("session", session_id), self._k("kv", state.decode_worker)]
+        return bool(await self._script("bind", keys, [state.to_json(), state.reserved_tokens]))
+
+    async def update_session(self, session_id: str, old: SessionState, new: SessionState) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(self._k("session", session_id), new.to_json())
+            pipe.decrby(self._k("kv", old.decode_worker), old.reserved_tokens)
+            pipe.incrby(self._k("kv", new.decode_worker), new.reserved_tokens)
+            await self._run(pipe.execute())
+
+    async def end_session(self, session_id: str) -> None:
+        await self._script("end", [self._k("session", session_id)], [self.prefix])
+
+    async def push(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
+        keys = [self._k("q", worker_id), self._k("qe", worker_id), self._k("qp", worker_id)]
+        await self._script("push", keys, [entry.key, entry.to_json(), payload])
+
+    async def set_postponements(self, worker_id: int, counts: dict[str, int]) -> None:
+        if counts:
+            await self._run(self._redis.hset(self._k("postp", worker_id), mapping=counts))
+
+    def _queue_keys(self, worker_id: int) -> list[str]:
+        return [self._k(kind, worker_id) for kind in ("q", "qe", "qp", "postp", "inflight")]
+
+    async def take(self, worker_id: int, key: str, dispatch_s: float) -> tuple[QueueEntry, str] | None:
+        snapshot = await self._run(self._redis.hget(self._k("qe", worker_id), key))
+        if snapshot is None:
+            return None
+        waiting = QueueEntry.from_json(snapshot)
+        entry = QueueEntry(waiting.queued, waiting.owner, dispatch_s)
+        payload = await self._script("take", self._queue_keys(worker_id), [key, entry.to_json()])
+        return None if payload is None else (entry, payload)
+
+    async def withdraw(self, worker_id: int, key: str) -> bool:
+        return await self._script("take", self._queue_keys(worker_id), [key, ""]) is not None
+
+    async def add_inflight(self, worker_id: int, entry: QueueEntry) -> None:
+        await self._run(self._redis.hset(self._k("inflight", worker_id), entry.key, entry.to_json()))
+
+    async def remove_inflight(self, worker_id: int, key: str) -> None:
+        await self._run(self._redis.hdel(self._k("inflight", worker_id), key))
+
+    async def add_samples(self, worker_id: int, kind: str, now_s: float, total_s: float, count: int) -> None:
+        bucket = math.floor(now_s / self.bucket_s)
+        await self._script("samples", [self._k("win", worker_id)],
+                           [kind, bucket, bucket % (BUCKETS + 1), total_s, count])
+
+    async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
+        ttl_ms = max(1, int(ttl_s * 1000))
+        return bool(await self._run(self._redis.set(self._k("lease", worker_id), owner, nx=True, px=ttl_ms)))
+
+    async def release_lease(self, worker_id: int, owner: str) -> None:
+        await self._script("release", [self._k("lease", worker_id)], [owner])
+
+    async def publish(self, owner: str, message: dict) -> None:
+        await self._run(self._redis.publish(self._k("results", owner), json.dumps(message)))
+
+    async def subscribe(self, owner: str, handler: ResultHandler) -> None:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        await self._run(pubsub.subscribe(self._k("results", owner)))
+        self._listeners.append(asyncio.create_task(self._listen(pubsub, owner, handler)))
+
+    async def _listen(self, pubsub, owner: str, handler: ResultHandler) -> None:
+        """Deliver messages; through an outage, keep resubscribing (a result missed
+        meanwhile makes its waiter time out and recompute locally)."""
+        channel = self._k("results", owner)
+        while True:
+            try:
+                message = await pubsub.get_message(timeout=1.0)
+                if message is not None:
+                    result = handler(json.loads(message["data"]))
+                    if inspect.isawaitable(result):
+                        await result
+            except (RedisError, OSError) as err:
+                log.warning("results channel %s: %s; resubscribing", channel, err)
+                await asyncio.sleep(0.5)
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.subscribe(channel)
+
+    async def close(self) -> None:
+        for task in self._listeners:
+            task.cancel()
+        await asyncio.gather(*self._listeners, return_exceptions=True)
+        self._listeners.clear()
+        await self._redis.aclose()
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    """A Redis HGETALL reply from a script (flat key, value list) as a dict."""
+    return dict(zip(flat[::2], flat[1::2]))

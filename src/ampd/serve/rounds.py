@@ -1,0 +1,85 @@
+"""What a coordinator knows about one round in flight: the client's request,
+the prefill task, the decisions taken for it, and what the client is told."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ampd.core.errors import AmpdError
+from ampd.core.task import PrefillTask
+from ampd.serve.store import SessionState
+
+
+class ServeError(AmpdError):
+    """A round the coordinator cannot serve; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class RoundRequest:
+    """One client request = one round of a session.
+
+    Attributes:
+        session_id: from the ``X-Session-Id`` header or the body's ``session_id``.
+        prompt: the full prompt as token ids (history + new input).
+        max_tokens: output tokens to generate.
+        params: the client's other sampling fields, passed to the engines.
+        last_round: the client says the session ends with this round (its KV
+            reservation is then released).
+    """
+
+    session_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    params: dict = field(default_factory=dict)
+    last_round: bool = False
+
+
+@dataclass(slots=True)
+class RoundTrace:
+    """Where a round ran and what happened, model seconds (the response headers
+    and the tests read it).
+
+    Attributes:
+        decode_worker: the worker streaming its output (after any rebind).
+        prefill_worker: the worker whose prefill produced its KV.
+        local: True when prefilled on the decode worker.
+        fallback: why a remote prefill was replaced by a local recompute, or None.
+        rebinds: times its session moved to another decode worker during it.
+    """
+
+    session_id: str
+    round_index: int = -1
+    ready_s: float = 0.0
+    decode_worker: int = -1
+    prefill_worker: int = -1
+    local: bool = True
+    fallback: str | None = None
+    rebinds: int = 0
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    num_tokens: int = 0
+    degraded: bool = False
+
+
+@dataclass(slots=True)
+class LiveRound:
+    """A round between routing and its last token.
+
+    Attributes:
+        request, task, trace: as named.
+        state: the session's binding once this round started.
+        kv_params: the prefill engine's ``kv_transfer_params`` to hand to the
+            decode engine; None for a local prefill.
+        usage: the engine's last usage report.
+    """
+
+    request: RoundRequest
+    task: PrefillTask
+    trace: RoundTrace
+    state: SessionState
+    kv_params: dict | None = None
+    usage: dict | None = None

