@@ -16,6 +16,8 @@ ALLOWED = {
     "workload": {"core"},
     "metrics": {"core"},
     "sim": {"core", "perf", "policy", "metrics"},
+    # serving drives the policies and (mock engines) the simulator's worker models; never the CLI
+    "serve": {"core", "perf", "policy", "metrics", "sim", "workload", "config", "experiment", "planning"},
 }
 FORBIDDEN_IN_POLICY = {"time", "datetime", "os", "socket", "subprocess", "pathlib", "io", "requests", "httpx",
                        "redis", "asyncio", "shutil", "tempfile", "urllib"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ampd.cli import plan, reproduce, serve
+from ampd.cli import plan, replay, reproduce, serve
 from ampd.cli.options import add_run_options, config_from_args, output_dir
 from ampd.cli.tables import print_table, summary_table
 from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.register(sub)
     reproduce.register(sub)
     serve.register(sub)
+    replay.register(sub)
     return parser
 
 

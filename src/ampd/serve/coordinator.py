@@ -282,7 +282,8 @@ class Coordinator:
         finally:
             self._pending.pop(entry.key, None)
         if not message["ok"]:
-            return self._fallback(live, "prefill-failed", message.get("error"))
+            reason = "timeout" if message.get("reason") == "timeout" else "prefill-failed"
+            return self._fallback(live, reason, message.get("error"))
         return message.get("kv_transfer_params") or {}
 
     def _on_result(self, message: dict) -> None:

@@ -112,7 +112,7 @@ class PrefillDispatcher:
                                                 self.timeout_s * self.clock.time_scale)
             message.update(ok=True, kv_transfer_params=reply.get("kv_transfer_params"))
         except EngineError as err:
-            message.update(ok=False, error=str(err))
+            message.update(ok=False, error=str(err), reason=err.reason)
             if err.engine_down:
                 await self.on_engine_down(worker_id)
         try:

@@ -157,7 +157,8 @@ class LocalCluster:
             argv = [sys.executable, "-m", "ampd.serve.mock_engine", "--role", role, "--worker-id",
                     str(spec.worker_id), "--tp", str(spec.tp), "--server", str(spec.server), "--port", str(port),
                     "--model", cluster.model, "--gpu", cluster.gpu, "--time-scale", str(serve.time_scale),
-                    "--window-s", str(self.config.policy.window_s), "--seed", str(self.config.seed)]
+                    "--window-s", str(self.config.policy.window_s), "--seed", str(self.config.seed),
+                    "--kv-fail-rate", str(serve.mock_kv_fail_rate)]
             child = self._spawn(name, argv, url)
         else:
             from ampd.serve import vllm_launch  # only real-engine clusters need it

@@ -1,0 +1,112 @@
+"""``ampd replay``: the open-loop load generator from the command line
+(``ampd.serve.replay``); sessions and SLO thresholds resolved as ``ampd simulate``
+resolves them, results written in the same files."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from ampd.cli.options import add_run_options, config_from_args, output_dir
+from ampd.cli.tables import print_table, summary_table
+from ampd.config import override
+from ampd.experiment import perf_model_for, sessions_for, slo_for
+from ampd.metrics.report import round_rows, write_csv, write_json
+from ampd.serve.clock import ScaledClock
+from ampd.serve.replay import DEFAULT_TIMEOUT_S, DEFAULT_VOCAB_SIZE, ReplayResult, replay_sync
+from ampd.sweep import workload_source
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``ampd replay``: simulate's run options (configuration,
+    workload size, seed, SLO) plus the server and replay settings."""
+    add_run_options(parser)
+    parser.add_argument("--url", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--trace", help="trace file (any format ampd loads, see --trace-format) or builtin:<trace>")
+    source.add_argument("--workload", help="toolbench|gaia|hotpotqa|dureader, builtin:<trace>, or a trace file")
+    parser.add_argument("--rate", type=float, help="session arrival rate (sessions/s)")
+    parser.add_argument("--served-model", help="the requests' model field (default: the configuration's model)")
+    parser.add_argument("--time-scale", type=_positive_float, default=1.0,
+                        help="wall seconds per model second; < 1 replays faster (must match the server's)")
+    parser.add_argument("--vocab-size", type=_positive_int, default=DEFAULT_VOCAB_SIZE,
+                        help=f"prompt token ids are drawn from [0, vocab size) (default {DEFAULT_VOCAB_SIZE})")
+    parser.add_argument("--timeout-s", type=_positive_float, default=DEFAULT_TIMEOUT_S,
+                        help=f"fail a round after this many wall seconds without reply (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run_from_args(args: argparse.Namespace) -> ReplayResult:
+    """``ampd replay``: resolve the sessions and thresholds as ``ampd simulate``
+    does, replay, print the summary table, and write ``config.json``,
+    ``summary.json`` (with the replay settings and failures) and ``rounds.csv``.
+
+    Raises:
+        InputError: a bad option, workload or trace.
+    """
+    config, _ = config_from_args(args)
+    out_dir = output_dir(args, "out/replay")
+    workload = {"rate_per_s": args.rate} if args.rate is not None else {}
+    if args.trace is not None:
+        workload.update({"name": None, "trace": args.trace})
+    elif args.workload is not None:
+        workload.update(workload_source(args.workload))
+    config = override(config, workload=workload)
+    sessions = sessions_for(config)
+    slo = slo_for(config, perf_model_for(config), sessions)
+    config = override(config, slo={"ttft_s": slo.ttft_s, "itl_s": slo.itl_s})
+    model = args.served_model or config.cluster.model
+    result = replay_sync(args.url, sessions, model=model, clock=ScaledClock(args.time_scale), ttft_slo_s=slo.ttft_s,
+                         itl_slo_s=slo.itl_s, scope=config.slo.scope, vocab_size=args.vocab_size, seed=config.seed,
+                         timeout_s=args.timeout_s, progress=not args.quiet)
+    row = {"system": "replay", "workload": config.workload.label, "rate_per_s": config.workload.rate_per_s,
+           **result.summary.to_dict()}
+    print_table(summary_table(f"replay against {args.url} ({model}, time scale {args.time_scale:g}); "
+                              f"SLO TTFT {slo.ttft_s:.2f} s, ITL {1000 * slo.itl_s:.0f} ms "
+                              f"({config.slo.scope.value} scope)", [row]))
+    write_json(out_dir / "config.json", config.model_dump(mode="json"))
+    write_json(out_dir / "summary.json", {
+        **row, "ttft_slo_s": slo.ttft_s, "itl_slo_s": slo.itl_s, "url": args.url, "served_model": model,
+        "time_scale": args.time_scale, "vocab_size": args.vocab_size, "timeout_s": args.timeout_s,
+        "wall_s": result.wall_s, "num_failed": len(result.failed),
+        "failed": [{"session_id": s, "round_index": r, "reason": why} for s, r, why in result.failed]})
+    write_csv(out_dir / "rounds.csv", round_rows(result.sessions))
+    if result.failed:
+        session_id, round_index, reason = result.failed[0]
+        print(f"{len(result.failed)} of {len(sessions)} sessions failed; first: {session_id} round {round_index}: "
+              f"{reason}", file=sys.stderr)
+    print(f"results in {out_dir}/ (summary.json, rounds.csv, config.json)")
+    return result
+
+
+def cmd_replay(args: argparse.Namespace) -> None:
+    result = run_from_args(args)
+    if result.failed:
+        raise SystemExit(1)
+
+
+def register(sub) -> None:
+    replay = sub.add_parser("replay", help="replay a trace or workload against a serving URL (open loop)")
+    add_arguments(replay)
+    replay.set_defaults(func=cmd_replay)

@@ -1,0 +1,145 @@
+"""Emulated serving end to end: a real Redis server, mock engine servers (the
+simulator's worker models in real time), coordinator replicas over HTTP, and the
+load generator. Parity with the simulator, and the failures of docs/SERVING.md."""
+
+import asyncio
+import collections
+
+import httpx
+import pytest
+
+from ampd.config import RunConfig, override
+from ampd.experiment import sessions_for, simulate
+from ampd.metrics.summary import summarize
+from ampd.serve.clock import ScaledClock
+from ampd.serve.replay import replay
+from ampd.serve.up import LocalCluster
+from redis_server import free_port
+
+BASE = RunConfig(system="ampd-predictive",
+                 cluster={"model": "Llama-3.1-70B", "gpu": "H20", "num_gpus": 8,
+                          "deployment": "P:<TP=2,DP=2> D:<TP=2,DP=2>"},
+                 workload={"name": "toolbench", "num_sessions": 50, "rate_per_s": 2.0})
+
+
+def serving(config: RunConfig, **serve) -> RunConfig:
+    """``config`` served on free local ports, with a Redis server."""
+    base_port = free_port()
+    return override(config, serve={"port": free_port(), "base_port": base_port, "redis_port": free_port(), **serve})
+
+
+def replay_split(urls: list[str], config: RunConfig, slo, sessions=None):
+    """Replay the sessions, alternately through each coordinator replica, all at once."""
+    sessions = sessions if sessions is not None else sessions_for(config)
+    clock = ScaledClock(config.serve.time_scale)
+
+    async def go():
+        parts = [sessions[i::len(urls)] for i in range(len(urls))]
+        return await asyncio.gather(*(replay(url, part, model=config.cluster.model, clock=clock,
+                                             ttft_slo_s=slo.ttft_s, itl_slo_s=slo.itl_s, timeout_s=60)
+                                      for url, part in zip(urls, parts)))
+    return asyncio.run(go())
+
+
+def decisions(urls: list[str], kind: str) -> list[dict]:
+    return [d for url in urls for d in httpx.get(f"{url}/ampd/decisions", params={"kind": kind,
+                                                                                  "limit": 100000}).json()]
+
+
+def test_fifty_sessions_through_two_replicas_match_the_simulator(tmp_path):
+    """Tolerance: attainment within 0.10 (5 of 50 sessions) and the local-prefill share
+    within 0.05. Serving adds what the simulator leaves out: HTTP hops (about 1 ms
+    each, twice per remote round), Python scheduling jitter on 2 shared cores
+    (several ms), bucketed Redis windows (1 s buckets), and two replicas routing
+    concurrently; each moves a session near its threshold across it. Measured
+    here: 0.86 vs 0.86 attainment, 9.1 % vs 9.6 % local (one replica, time scale 1)."""
+    config = serving(BASE, time_scale=0.5)
+    sim = simulate(config)
+    with LocalCluster(config, tmp_path, coordinators=2) as cluster:
+        results = replay_split(cluster.urls, config, sim.slo)
+        routes = decisions(cluster.urls, "route")
+        binds = decisions(cluster.urls, "bind")
+    records = [r for result in results for r in result.sessions]
+    assert [f for result in results for f in result.failed] == []
+    sessions = {s.session_id: s for s in sessions_for(config)}
+    assert sorted(r.session_id for r in records) == sorted(sessions)  # none lost, none twice
+    for record in records:
+        rounds = sessions[record.session_id].rounds
+        assert record.complete and [len(r.itls_s) + 1 for r in record.rounds] == [r.output_tokens for r in rounds]
+    per_round = collections.Counter((d["session_id"], d["round_index"]) for d in routes)
+    assert len(per_round) == sum(len(s.rounds) for s in sessions.values()) and set(per_round.values()) == {1}
+    assert sorted(d["session_id"] for d in binds) == sorted(sessions)
+    summary = summarize(records, sim.slo.ttft_s, sim.slo.itl_s)
+    assert summary.slo_attainment == pytest.approx(sim.summary.slo_attainment, abs=0.10)
+    assert summary.local_prefill_share == pytest.approx(sim.summary.local_prefill_share, abs=0.05)
+
+
+def _kill_later(cluster: LocalCluster, schedule: list[tuple[float, int]]):
+    async def kill():
+        for delay_s, worker_id in schedule:
+            await asyncio.sleep(delay_s)
+            cluster.kill_engine(worker_id)
+    return kill()
+
+
+def test_engines_killed_mid_trace_lose_no_round(tmp_path):
+    """A decode engine (worker 2) and then a prefill engine (worker 0) die while
+    sessions run: every session still finishes every round with all its tokens;
+    the dead decode worker's sessions are rebound to the other one (worker 3)."""
+    config = serving(override(BASE, workload={"num_sessions": 30}), time_scale=0.5)
+    sessions = sessions_for(config)
+    slo = simulate(config).slo
+    with LocalCluster(config, tmp_path) as cluster:
+        async def go():
+            run = asyncio.create_task(replay(cluster.urls[0], sessions, model=config.cluster.model,
+                                             clock=ScaledClock(0.5), ttft_slo_s=slo.ttft_s, itl_slo_s=slo.itl_s,
+                                             timeout_s=60))
+            await _kill_later(cluster, [(4.0, 2), (3.0, 0)])
+            return await run
+        result = asyncio.run(go())
+        dead, rebinds = decisions(cluster.urls, "dead"), decisions(cluster.urls, "rebind")
+    assert result.failed == []
+    by_id = {s.session_id: s for s in sessions}
+    for record in result.sessions:
+        assert record.complete
+        assert [len(r.itls_s) + 1 for r in record.rounds] == [r.output_tokens for r in by_id[record.session_id].rounds]
+    assert {d["worker_id"] for d in dead} == {0, 2}
+    assert rebinds and {(d["from_worker"], d["worker_id"]) for d in rebinds} == {(2, 3)}
+
+
+def test_failed_kv_transfers_are_recomputed_locally(tmp_path):
+    """Half the decode engines' KV loads fail (seeded): those rounds are recomputed
+    on the decode engine, reported local, and every session finishes."""
+    config = serving(override(BASE, workload={"num_sessions": 20}), time_scale=0.5, mock_kv_fail_rate=0.5)
+    slo = simulate(config).slo
+    with LocalCluster(config, tmp_path) as cluster:
+        [result] = replay_split(cluster.urls, config, slo)
+        fallbacks = decisions(cluster.urls, "fallback")
+    assert result.failed == [] and all(r.complete for r in result.sessions)
+    assert fallbacks and {f["reason"] for f in fallbacks} == {"kv-load-failed"}
+    local = {(r.session_id, r.round_index) for s in result.sessions for r in s.rounds if r.local}
+    assert {(f["session_id"], f["round_index"]) for f in fallbacks} <= local
+
+
+def test_prefill_timeouts_fall_back_and_a_redis_outage_degrades_without_crashing(tmp_path):
+    """With a KV timeout far below any prefill time every remote prefill falls back
+    (reason "timeout") and still completes; then Redis dies: rounds are still
+    served (locally, degraded) and /health says so."""
+    config = serving(override(BASE, workload={"num_sessions": 6}), time_scale=0.5, kv_timeout_s=0.001)
+    slo = simulate(config).slo
+    with LocalCluster(config, tmp_path) as cluster:
+        [result] = replay_split(cluster.urls, config, slo)
+        fallbacks = decisions(cluster.urls, "fallback")
+        url = cluster.urls[0]
+        body = {"prompt": list(range(1, 200)), "max_tokens": 4}
+        assert httpx.post(f"{url}/v1/completions", json=body, headers={"X-Session-Id": "x"}).status_code == 200
+        redis_child = next(c for c in cluster.children if c.name == "redis")
+        redis_child.process.kill()
+        redis_child.process.wait()
+        for session_id in ("x", "y"):
+            reply = httpx.post(f"{url}/v1/completions", json=body, headers={"X-Session-Id": session_id}, timeout=30)
+            assert reply.status_code == 200 and len(reply.json()["choices"][0]["token_ids"]) == 4
+        health = httpx.get(f"{url}/health").json()
+    assert result.failed == []
+    assert fallbacks and {f["reason"] for f in fallbacks} == {"timeout"}
+    assert health["status"] == "degraded" and health["store"] == "unreachable"
