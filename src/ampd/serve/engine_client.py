@@ -130,6 +130,9 @@ async def _events(url: str, reply: httpx.Response) -> AsyncIterator[Chunk]:
             if data == "[DONE]":
                 return
             event = json.loads(data)
+            if "error" in event:  # vLLM reports a failure after the stream began this way, under HTTP 200
+                error = event["error"] if isinstance(event["error"], dict) else {"message": event["error"]}
+                raise EngineError(url, "status", str(error.get("message")), error.get("code") or 500)
             choices = event.get("choices") or [{}]
             yield Chunk(tuple(choices[0].get("token_ids") or ()), choices[0].get("text") or "", event)
     except (httpx.HTTPError, json.JSONDecodeError) as err:

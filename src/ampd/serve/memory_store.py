@@ -87,7 +87,8 @@ class MemoryStore:
     async def set_postponements(self, worker_id: int, counts: dict[str, int]) -> None:
         self._postponements.update(counts)
 
-    async def take(self, worker_id: int, key: str, dispatch_s: float) -> tuple[QueueEntry, str] | None:
+    async def take(self, worker_id: int, entry: QueueEntry, dispatch_s: float) -> tuple[QueueEntry, str] | None:
+        key = entry.key
         found = self._pop(worker_id, key)
         if found is None:
             return None
@@ -104,9 +105,9 @@ class MemoryStore:
                 return queue.pop(i)
         return None
 
-    async def withdraw(self, worker_id: int, key: str) -> bool:
-        self._postponements.pop(key, None)
-        return self._pop(worker_id, key) is not None
+    async def withdraw(self, worker_id: int, entry: QueueEntry) -> bool:
+        self._postponements.pop(entry.key, None)
+        return self._pop(worker_id, entry.key) is not None
 
     async def add_inflight(self, worker_id: int, entry: QueueEntry) -> None:
         self._inflight[worker_id][entry.key] = entry

@@ -8,8 +8,8 @@ Layout, every key under ``prefix`` (default ``ampd:``):
 | ``workers`` / ``dead`` | hash / set | registry (id -> WorkerInfo JSON) / ids marked dead |
 | ``session:<id>`` | string | SessionState JSON |
 | ``kv:<worker>`` | integer | KV tokens reserved on a decode worker |
-| ``q:<worker>`` | list | waiting task keys, queue order |
-| ``qe:<worker>`` / ``qp:<worker>`` / ``postp:<worker>`` | hash | task key -> entry JSON / request body / postponements |
+| ``q:<worker>`` | list | waiting entries (JSON), queue order |
+| ``qp:<worker>`` / ``postp:<worker>`` | hash | task key -> request body / postponements |
 | ``inflight:<worker>`` | hash | task key -> entry JSON |
 | ``win:<worker>`` | hash | ``<kind>:<slot>`` -> ``bucket|sum|count`` |
 | ``lease:<worker>`` | string | replica id allowed to dispatch the queue (expires) |
@@ -39,23 +39,24 @@ from ampd.serve.store import QueueEntry, ResultHandler, SessionState, StoreUnava
 log = logging.getLogger(__name__)
 
 BUCKETS = 10
+ENTRY_CACHE_SIZE = 100_000  # decoded queue entries kept between snapshots
 
+# One JSON document for all the workers asked for (parsed by one json.loads):
+# [[dead, [entry, ...], {task key: postponements}, [in-flight entry, ...], [window field, value, ...], kv], ...]
 _SNAPSHOT = """
 local p = ARGV[1]
-local out = {}
+local parts = {}
 for i = 2, #ARGV do
   local id = ARGV[i]
-  out[#out + 1] = {
-    redis.call('SISMEMBER', p .. 'dead', id),
-    redis.call('LRANGE', p .. 'q:' .. id, 0, -1),
-    redis.call('HGETALL', p .. 'qe:' .. id),
-    redis.call('HGETALL', p .. 'postp:' .. id),
-    redis.call('HVALS', p .. 'inflight:' .. id),
-    redis.call('HGETALL', p .. 'win:' .. id),
-    redis.call('GET', p .. 'kv:' .. id) or '0'
-  }
+  local postponed = redis.call('HGETALL', p .. 'postp:' .. id)
+  local window = redis.call('HGETALL', p .. 'win:' .. id)
+  parts[#parts + 1] = '[' .. redis.call('SISMEMBER', p .. 'dead', id) ..
+    ',[' .. table.concat(redis.call('LRANGE', p .. 'q:' .. id, 0, -1), ',') .. '],' ..
+    (#postponed > 0 and cjson.encode(postponed) or '[]') ..
+    ',[' .. table.concat(redis.call('HVALS', p .. 'inflight:' .. id), ',') .. '],' ..
+    (#window > 0 and cjson.encode(window) or '[]') .. ',' .. (redis.call('GET', p .. 'kv:' .. id) or '0') .. ']'
 end
-return out
+return '[' .. table.concat(parts, ',') .. ']'
 """
 
 _BIND = """
@@ -75,20 +76,19 @@ redis.call('DEL', KEYS[1])
 return 1
 """
 
+# KEYS: q, qp; ARGV: task key, entry JSON, payload
 _PUSH = """
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
-redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('RPUSH', KEYS[1], ARGV[2])
 """
 
-# KEYS: q, qe, qp, postp, inflight; ARGV: task key, in-flight entry JSON (or '' to withdraw)
+# KEYS: q, qp, postp, inflight; ARGV: task key, entry JSON, in-flight entry JSON (or '' to withdraw)
 _TAKE = """
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return false end
-local payload = redis.call('HGET', KEYS[3], ARGV[1])
+if redis.call('LREM', KEYS[1], 1, ARGV[2]) == 0 then return false end
+local payload = redis.call('HGET', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-if ARGV[2] ~= '' then redis.call('HSET', KEYS[5], ARGV[1], ARGV[2]) end
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[4], ARGV[1], ARGV[3]) end
 return payload or ''
 """
 
@@ -131,6 +131,7 @@ class RedisStore:
             ("snapshot", _SNAPSHOT), ("bind", _BIND), ("end", _END), ("push", _PUSH), ("take", _TAKE),
             ("samples", _SAMPLES), ("release", _RELEASE))}
         self._listeners: list[asyncio.Task] = []
+        self._entries: dict[tuple, QueueEntry] = {}
 
     def _k(self, *parts: object) -> str:
         return self.prefix + ":".join(str(p) for p in parts)
@@ -158,16 +159,26 @@ class RedisStore:
         return sorted((WorkerInfo.from_json(v) for v in entries.values()), key=lambda w: w.spec.worker_id)
 
     async def snapshot(self, worker_ids: list[int], now_s: float) -> list[WorkerState]:
-        rows = await self._script("snapshot", [], [self.prefix, *worker_ids])
+        rows = json.loads(await self._script("snapshot", [], [self.prefix, *worker_ids]))
         return [self._state(wid, row, now_s) for wid, row in zip(worker_ids, rows)]
 
     def _state(self, worker_id: int, row: list, now_s: float) -> WorkerState:
-        dead, keys, entries, postp, inflight, window, kv = row
-        entries, postp = _pairs(entries), _pairs(postp)
-        queue = [QueueEntry.from_json(entries[k], int(postp.get(k, 0))) for k in keys if k in entries]
+        dead, entries, postponed, inflight, window, kv = row
+        postponed = _pairs(postponed)
+        queue = [self._entry(e, int(postponed.get(f"{e[0]}#{e[1]}", 0))) for e in entries]
         ttft, itl = self._means(_pairs(window), now_s)
-        return WorkerState(worker_id, not dead, queue, [QueueEntry.from_json(e) for e in inflight], ttft, itl,
-                           int(kv))
+        return WorkerState(worker_id, not dead, queue, [self._entry(e) for e in inflight], ttft, itl, int(kv))
+
+    def _entry(self, values: list, postponements: int = 0) -> QueueEntry:
+        """A decoded entry, reused from earlier snapshots: a waiting task's entry
+        does not change, and building it again dominated the routing time."""
+        key = (values[0], values[1], values[6], values[9], postponements)
+        entry = self._entries.get(key)
+        if entry is None:
+            if len(self._entries) >= ENTRY_CACHE_SIZE:
+                self._entries.clear()
+            entry = self._entries[key] = QueueEntry.from_list(values, postponements)
+        return entry
 
     def _means(self, window: dict[str, str], now_s: float) -> tuple[float | None, float | None]:
         oldest = math.floor(now_s / self.bucket_s) - BUCKETS
@@ -203,7 +214,7 @@ class RedisStore:
         await self._script("end", [self._k("session", session_id)], [self.prefix])
 
     async def push(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
-        keys = [self._k("q", worker_id), self._k("qe", worker_id), self._k("qp", worker_id)]
+        keys = [self._k("q", worker_id), self._k("qp", worker_id)]
         await self._script("push", keys, [entry.key, entry.to_json(), payload])
 
     async def set_postponements(self, worker_id: int, counts: dict[str, int]) -> None:
@@ -211,19 +222,18 @@ class RedisStore:
             await self._run(self._redis.hset(self._k("postp", worker_id), mapping=counts))
 
     def _queue_keys(self, worker_id: int) -> list[str]:
-        return [self._k(kind, worker_id) for kind in ("q", "qe", "qp", "postp", "inflight")]
+        return [self._k(kind, worker_id) for kind in ("q", "qp", "postp", "inflight")]
 
-    async def take(self, worker_id: int, key: str, dispatch_s: float) -> tuple[QueueEntry, str] | None:
-        snapshot = await self._run(self._redis.hget(self._k("qe", worker_id), key))
-        if snapshot is None:
-            return None
-        waiting = QueueEntry.from_json(snapshot)
-        entry = QueueEntry(waiting.queued, waiting.owner, dispatch_s)
-        payload = await self._script("take", self._queue_keys(worker_id), [key, entry.to_json()])
-        return None if payload is None else (entry, payload)
+    async def take(self, worker_id: int, entry: QueueEntry, dispatch_s: float) -> tuple[QueueEntry, str] | None:
+        waiting = QueueEntry(QueuedTask(entry.queued.task, entry.queued.enqueue_s, entry.queued.cost_s),
+                             entry.owner)
+        running = QueueEntry(entry.queued, entry.owner, dispatch_s)
+        payload = await self._script("take", self._queue_keys(worker_id),
+                                     [entry.key, waiting.to_json(), running.to_json()])
+        return None if payload is None else (running, payload)
 
-    async def withdraw(self, worker_id: int, key: str) -> bool:
-        return await self._script("take", self._queue_keys(worker_id), [key, ""]) is not None
+    async def withdraw(self, worker_id: int, entry: QueueEntry) -> bool:
+        return await self._script("take", self._queue_keys(worker_id), [entry.key, entry.to_json(), ""]) is not None
 
     async def add_inflight(self, worker_id: int, entry: QueueEntry) -> None:
         await self._run(self._redis.hset(self._k("inflight", worker_id), entry.key, entry.to_json()))

@@ -78,7 +78,12 @@ class QueueEntry:
 
     @classmethod
     def from_json(cls, text: str, postponements: int = 0) -> QueueEntry:
-        sid, rnd, hist, new, ready_s, dw, enq_s, cost_s, owner, dispatch_s = json.loads(text)
+        return cls.from_list(json.loads(text), postponements)
+
+    @classmethod
+    def from_list(cls, values: list, postponements: int = 0) -> QueueEntry:
+        """From the decoded JSON array of ``to_json``."""
+        sid, rnd, hist, new, ready_s, dw, enq_s, cost_s, owner, dispatch_s = values
         task = PrefillTask(sid, rnd, hist, new, ready_s, dw)
         return cls(QueuedTask(task, enq_s, cost_s, postponements), owner, dispatch_s)
 
@@ -180,11 +185,12 @@ class StateStore(Protocol):
     async def set_postponements(self, worker_id: int, counts: dict[str, int]) -> None:
         """Store Algorithm 2's postponement counters by task key."""
 
-    async def take(self, worker_id: int, key: str, dispatch_s: float) -> tuple[QueueEntry, str] | None:
-        """Move a waiting task to the worker's in-flight set; its entry and payload,
-        or None when it is no longer queued (withdrawn, or taken by another replica)."""
+    async def take(self, worker_id: int, entry: QueueEntry, dispatch_s: float) -> tuple[QueueEntry, str] | None:
+        """Move a waiting task (``entry`` as a snapshot or ``push`` gave it) to the
+        worker's in-flight set; its in-flight entry and payload, or None when it is
+        no longer queued (withdrawn, or taken by another replica)."""
 
-    async def withdraw(self, worker_id: int, key: str) -> bool:
+    async def withdraw(self, worker_id: int, entry: QueueEntry) -> bool:
         """Remove a waiting task; False when it was not waiting (already dispatched)."""
 
     async def add_inflight(self, worker_id: int, entry: QueueEntry) -> None:

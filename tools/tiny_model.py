@@ -1,0 +1,122 @@
+"""Write a tiny, deterministic, random-initialised Llama and its tokenizer.
+
+Run with the vLLM venv (no hub access needed)::
+
+    HF_HUB_OFFLINE=1 .venv-vllm/bin/python tools/tiny_model.py DIR [--seed 0]
+
+The model is for exercising real vLLM servers on CPU, not for text: its
+weights are random but its logits are made *peaky* (a scaled ``lm_head``) so
+greedy decoding has clear argmax margins and gives the same tokens whether the
+KV cache was computed locally or loaded from another server. Serve it with
+``--dtype float32``. The tokenizer is a fixed word-level vocabulary
+(``<unk>``, ``<s>``, ``</s>``, then ``w3`` .. ``w{V-1}``), so it needs no
+training data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+VOCAB_SIZE = 2048
+HIDDEN_SIZE = 128
+NUM_LAYERS = 2
+NUM_HEADS = 2  # head_dim 64, a size every CPU attention kernel supports
+INTERMEDIATE_SIZE = 384
+MAX_POSITIONS = 4096
+INIT_RANGE = 0.08
+LM_HEAD_SCALE = 8.0
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
+
+
+def build_tokenizer():
+    """A word-level fast tokenizer over a fixed vocabulary of VOCAB_SIZE ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), VOCAB_SIZE)})
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        model_max_length=MAX_POSITIONS,
+    )
+
+
+def build_model(seed: int):
+    """A random Llama with a scaled lm_head (peaky logits), float32."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=HIDDEN_SIZE,
+        intermediate_size=INTERMEDIATE_SIZE,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=NUM_HEADS,
+        max_position_embeddings=MAX_POSITIONS,
+        initializer_range=INIT_RANGE,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(LM_HEAD_SCALE)
+    return model
+
+
+def greedy_check(
+    model, prompt_ids: list[int], num_tokens: int
+) -> tuple[list[int], float]:
+    """Greedy continuation and its smallest top-1 minus top-2 logit margin.
+
+    Raises SystemExit when the output is one repeated token.
+    """
+    import torch
+
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            max_new_tokens=num_tokens,
+            min_new_tokens=num_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    new = out.sequences[0, len(prompt_ids) :].tolist()
+    if len(set(new)) < 2:
+        raise SystemExit(f"degenerate greedy output {new}: change the seed")
+    margins = [float(t[0].topk(2).values.diff().abs()) for t in out.logits]
+    return new, min(margins)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    model = build_model(args.seed)
+    model.save_pretrained(args.out_dir, safe_serialization=True)
+    build_tokenizer().save_pretrained(args.out_dir)
+    prompt = [(7 * i + 3) % (VOCAB_SIZE - 3) + 3 for i in range(40)]
+    tokens, margin = greedy_check(model, prompt, 16)
+    print(f"greedy check: {tokens} (smallest top-2 logit margin {margin:.3f})")
+    print(f"wrote {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
