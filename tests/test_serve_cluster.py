@@ -13,8 +13,7 @@ from ampd.experiment import sessions_for, simulate
 from ampd.metrics.summary import summarize
 from ampd.serve.clock import ScaledClock
 from ampd.serve.replay import replay
-from ampd.serve.up import LocalCluster
-from redis_server import free_port
+from ampd.serve.up import LocalCluster, free_port_block
 
 BASE = RunConfig(system="ampd-predictive",
                  cluster={"model": "Llama-3.1-70B", "gpu": "H20", "num_gpus": 8,
@@ -24,8 +23,8 @@ BASE = RunConfig(system="ampd-predictive",
 
 def serving(config: RunConfig, **serve) -> RunConfig:
     """``config`` served on free local ports, with a Redis server."""
-    base_port = free_port()
-    return override(config, serve={"port": free_port(), "base_port": base_port, "redis_port": free_port(), **serve})
+    base = free_port_block(40)  # coordinators at base, +1; Redis at base + 2; engines from base + 8
+    return override(config, serve={"port": base, "redis_port": base + 2, "base_port": base + 8, **serve})
 
 
 def replay_split(urls: list[str], config: RunConfig, slo, sessions=None):
@@ -131,6 +130,10 @@ def test_prefill_timeouts_fall_back_and_a_redis_outage_degrades_without_crashing
         [result] = replay_split(cluster.urls, config, slo)
         fallbacks = decisions(cluster.urls, "fallback")
         url = cluster.urls[0]
+        chat = httpx.post(f"{url}/v1/chat/completions", headers={"X-Session-Id": "chat"}, timeout=30,
+                          json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 3})
+        text = httpx.post(f"{url}/v1/completions", json={"prompt": "hello there", "max_tokens": 2, "session_id": "t"},
+                          timeout=30)
         body = {"prompt": list(range(1, 200)), "max_tokens": 4}
         assert httpx.post(f"{url}/v1/completions", json=body, headers={"X-Session-Id": "x"}).status_code == 200
         redis_child = next(c for c in cluster.children if c.name == "redis")
@@ -141,5 +144,8 @@ def test_prefill_timeouts_fall_back_and_a_redis_outage_degrades_without_crashing
             assert reply.status_code == 200 and len(reply.json()["choices"][0]["token_ids"]) == 4
         health = httpx.get(f"{url}/health").json()
     assert result.failed == []
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
+    assert len(chat.json()["choices"][0]["token_ids"]) == 3
+    assert text.status_code == 200 and text.json()["usage"]["prompt_tokens"] == len("hello there")
     assert fallbacks and {f["reason"] for f in fallbacks} == {"timeout"}
     assert health["status"] == "degraded" and health["store"] == "unreachable"

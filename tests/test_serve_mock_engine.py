@@ -366,3 +366,12 @@ def test_a_client_may_leave_mid_stream_and_the_sequence_decodes_on():
         again = client.post("/v1/completions", json=_body(prompt + _expected("d", 2000, 400) + [1], 2, stream=False),
                             headers={"X-Session-Id": "d"})
         assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 2400
+
+
+def test_tokenize_is_bytes_and_renders_chat_messages():
+    from ampd.serve.mock_engine import tokenize_body
+    assert tokenize_body({"prompt": "ab"}, 32000)["tokens"] == [3 + 97, 3 + 98]
+    chat = tokenize_body({"messages": [{"role": "user", "content": "hi"}]}, 32000)
+    assert chat["count"] == len("user: hi\nassistant:")
+    with pytest.raises(ValueError, match="prompt"):
+        tokenize_body({"prompt": 3}, 32000)

@@ -334,7 +334,8 @@ class Coordinator:
         if first and live.trace.local and not live.trace.degraded:
             local_key = await self._track_local(live)
         try:
-            async for chunk in self.engines.stream(self.workers[worker_id].url, body, live.task.session_id):
+            async for chunk in self.engines.stream(self.workers[worker_id].url, body, live.task.session_id,
+                                                   live.request.last_round):
                 if chunk.token_ids:
                     if live.trace.first_token_s is None:
                         await self._first_token(live, local_key, len(chunk.token_ids))

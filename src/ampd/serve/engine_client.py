@@ -98,15 +98,17 @@ class EngineClient:
             raise EngineError(url, "status", _error_message(reply.text), reply.status_code)
         return reply
 
-    async def stream(self, url: str, body: dict, session_id: str) -> AsyncIterator[Chunk]:
+    async def stream(self, url: str, body: dict, session_id: str, last_round: bool = False) -> AsyncIterator[Chunk]:
         """A streaming completion, chunk by chunk (the usage chunk included, with
         no tokens). An error status is raised before the first chunk.
+        ``last_round`` tells the engine the session ends with this round
+        (``X-Session-Last-Round``: the mock engine then drops the session's state).
 
         Raises:
             EngineError: unreachable, an error status, or the stream broke off.
         """
-        request = self._http.build_request("POST", f"{url}/v1/completions", json=body,
-                                           headers=_headers(session_id))
+        headers = {**_headers(session_id), **({"X-Session-Last-Round": "true"} if last_round else {})}
+        request = self._http.build_request("POST", f"{url}/v1/completions", json=body, headers=headers)
         try:
             reply = await self._http.send(request, stream=True)
         except httpx.HTTPError as err:

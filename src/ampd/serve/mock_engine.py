@@ -50,6 +50,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ampd.config import ClusterConfig, RunConfig
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
+from ampd.core.session import MAX_TOKENS
 from ampd.core.task import PrefillTask
 from ampd.experiment import perf_model_for
 from ampd.perf.interface import PerfModel
@@ -465,6 +466,13 @@ def create_app(options: EngineOptions, perf: PerfModel | None = None) -> FastAPI
         return {"object": "list", "data": [{"id": options.model, "object": "model", "owned_by": "ampd-mock",
                                             "max_model_len": engine.capacity_tokens}]}
 
+    @app.post("/tokenize")
+    async def tokenize(http: Request) -> Response:
+        try:
+            return JSONResponse(tokenize_body(json.loads(await http.body()), options.vocab_size))
+        except ValueError as exc:
+            return RequestError(400, f"body: {exc}", "body").response()
+
     @app.post("/v1/completions")
     async def completions(http: Request) -> Response:
         try:
@@ -485,6 +493,26 @@ def create_app(options: EngineOptions, perf: PerfModel | None = None) -> FastAPI
         return JSONResponse(await _reply(rnd, request, head))
 
     return app
+
+
+def tokenize_body(body: Any, vocab_size: int) -> dict[str, Any]:
+    """The mock's ``POST /tokenize`` (vLLM's shape): UTF-8 bytes as token ids
+    (shifted past 3 special ids, folded into the vocabulary); chat ``messages``
+    rendered as ``<role>: <content>`` lines ending with ``assistant:``. A
+    stand-in tokenizer: only the lengths and determinism matter to the mock.
+
+    Raises:
+        ValueError: neither a string ``prompt`` nor a list of ``messages``.
+    """
+    if isinstance(body, dict) and isinstance(body.get("prompt"), str):
+        text = body["prompt"]
+    elif isinstance(body, dict) and isinstance(body.get("messages"), list):
+        text = "".join(f"{m.get('role')}: {m.get('content')}\n" for m in body["messages"] if isinstance(m, dict))
+        text += "assistant:" if body.get("add_generation_prompt", True) else ""
+    else:
+        raise ValueError("expected a string 'prompt' or a list of 'messages'")
+    tokens = [3 + b % max(1, vocab_size - 3) for b in text.encode()]
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": MAX_TOKENS}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +40,31 @@ class Child:
     process: subprocess.Popen
     log_path: Path
     health_url: str | None = None
+
+
+def free_port_block(count: int, tries: int = 100) -> int:
+    """A port ``p`` such that ``p .. p + count - 1`` are all free on loopback now,
+    starting from ports the OS hands out (for throwaway clusters: tests, benchmarks).
+
+    Raises:
+        InputError: none found in ``tries`` attempts.
+    """
+    for _ in range(tries):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + count <= 65536 and all(_port_free(p) for p in range(port, port + count)):
+            return port
+    raise InputError(f"no {count} consecutive free ports found")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -131,7 +157,10 @@ class LocalCluster:
                     str(spec.worker_id), "--tp", str(spec.tp), "--server", str(spec.server), "--port", str(port),
                     "--model", cluster.model, "--gpu", cluster.gpu, "--time-scale", str(serve.time_scale),
                     "--window-s", str(self.config.policy.window_s), "--seed", str(self.config.seed),
-                    "--kv-fail-rate", str(serve.mock_kv_fail_rate)]
+                    "--kv-fail-rate", str(serve.mock_kv_fail_rate), "--network-gb-per-s",
+                    str(cluster.network_gb_per_s)]
+            if cluster.nvlink_gb_per_s is not None:
+                argv += ["--nvlink-gb-per-s", str(cluster.nvlink_gb_per_s)]
             child = self._spawn(name, argv, url)
         else:
             from ampd.serve import vllm_launch  # only real-engine clusters need it

@@ -1,0 +1,129 @@
+"""Coordinator overhead per round: the latency the coordinator adds over calling
+the engines directly, with mock engines (real time, Llama-3.1-8B on H100 timings)
+and the shared state in a real Redis server.
+
+Local rounds: client -> engine vs client -> coordinator -> engine (a colocated
+system, every prefill local). Remote rounds: client -> prefill engine -> decode
+engine (the client doing the two steps itself) vs client -> coordinator (queue,
+dispatch, both steps). Rounds run one at a time on fresh sessions (512-token
+prompts, 16 output tokens), so engine time is the same on both paths; the medians'
+difference is the overhead (TTFT, whole round, and per output token).
+
+Run: ``python bench/bench_serve_overhead.py`` -> ``bench/results/serve_overhead.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import httpx  # noqa: E402
+from common import write_result  # noqa: E402
+
+from ampd.config import RunConfig  # noqa: E402
+from ampd.serve.up import LocalCluster, free_port_block  # noqa: E402
+
+ROUNDS = 60
+PROMPT_TOKENS, OUTPUT_TOKENS = 512, 16
+CLUSTER = {"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2}
+
+
+def _ports() -> dict:
+    base = free_port_block(40)  # coordinator at base, Redis at base + 2, engines from base + 8
+    return {"port": base, "redis_port": base + 2, "base_port": base + 8}
+
+
+def _config(system: str, deployment: str) -> RunConfig:
+    return RunConfig(system=system, cluster={**CLUSTER, "deployment": deployment},
+                     workload={"name": "toolbench", "num_sessions": 5},
+                     serve={**_ports()})
+
+
+async def _stream(client: httpx.AsyncClient, url: str, body: dict, session_id: str) -> tuple[float, float, int]:
+    """(TTFT, round time, tokens) of one streamed completion, wall seconds."""
+    start = time.perf_counter()
+    first, tokens = None, 0
+    async with client.stream("POST", f"{url}/v1/completions", json=body, headers={"X-Session-Id": session_id}) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                ids = (json.loads(line[5:]).get("choices") or [{}])[0].get("token_ids") or []
+                if ids and first is None:
+                    first = time.perf_counter() - start
+                tokens += len(ids)
+    return first, time.perf_counter() - start, tokens
+
+
+def _body(rng: random.Random, **extra) -> dict:
+    return {"model": CLUSTER["model"], "prompt": [rng.randrange(32000) for _ in range(PROMPT_TOKENS)],
+            "max_tokens": OUTPUT_TOKENS, "stream": True, "return_token_ids": True, **extra}
+
+
+async def _direct_remote(client: httpx.AsyncClient, prefill_url: str, decode_url: str, body: dict, session_id: str):
+    start = time.perf_counter()
+    params = {"do_remote_decode": True, "do_remote_prefill": False, "ampd_hist_tokens": 0, "ampd_decode_tp": 1,
+              "ampd_decode_server": 0}
+    reply = await client.post(f"{prefill_url}/v1/completions", headers={"X-Session-Id": session_id},
+                              json={**body, "max_tokens": 1, "stream": False, "kv_transfer_params": params})
+    ttft, total, tokens = await _stream(client, decode_url, {**body, "kv_transfer_params":
+                                                              reply.json()["kv_transfer_params"]}, session_id)
+    elapsed = time.perf_counter() - start
+    return ttft + elapsed - total, elapsed, tokens
+
+
+async def _measure(paths: dict) -> dict:
+    samples = {name: [] for name in paths}
+    rng = random.Random(0)
+    async with httpx.AsyncClient(timeout=60) as client:
+        for i in range(ROUNDS + 5):
+            for name, call in paths.items():
+                result = await call(client, _body(rng), f"{name}-{i}")
+                if i >= 5:  # warm-up rounds left out
+                    samples[name].append(result)
+    return samples
+
+
+def _medians(samples: list[tuple[float, float, int]]) -> dict:
+    return {"ttft_ms": 1e3 * statistics.median(s[0] for s in samples),
+            "round_ms": 1e3 * statistics.median(s[1] for s in samples)}
+
+
+def _overhead(name: str, base: dict, through: dict) -> dict:
+    return {f"{name}_direct_ttft_ms": base["ttft_ms"], f"{name}_coordinator_ttft_ms": through["ttft_ms"],
+            f"{name}_ttft_overhead_ms": through["ttft_ms"] - base["ttft_ms"],
+            f"{name}_round_overhead_ms": through["round_ms"] - base["round_ms"],
+            f"{name}_per_token_overhead_ms": (through["round_ms"] - base["round_ms"]
+                                              - (through["ttft_ms"] - base["ttft_ms"])) / (OUTPUT_TOKENS - 1)}
+
+
+def main() -> None:
+    figures = {}
+    with tempfile.TemporaryDirectory() as logs:
+        with LocalCluster(_config("vllm", "D:<TP=1,DP=1>"), Path(logs) / "local") as cluster:
+            engine, coordinator = cluster.config.serve.workers[0].url, cluster.urls[0]
+            samples = asyncio.run(_measure({
+                "direct": lambda c, b, s: _stream(c, engine, b, s),
+                "coordinator": lambda c, b, s: _stream(c, coordinator, b, s)}))
+            figures.update(_overhead("local", _medians(samples["direct"]), _medians(samples["coordinator"])))
+        with LocalCluster(_config("pd-disagg", "P:<TP=1,DP=1> D:<TP=1,DP=1>"), Path(logs) / "remote") as cluster:
+            prefill, decode = (w.url for w in cluster.config.serve.workers)
+            coordinator = cluster.urls[0]
+            samples = asyncio.run(_measure({
+                "direct": lambda c, b, s: _direct_remote(c, prefill, decode, b, s),
+                "coordinator": lambda c, b, s: _stream(c, coordinator, b, s)}))
+            figures.update(_overhead("remote", _medians(samples["direct"]), _medians(samples["coordinator"])))
+    for k, v in figures.items():
+        print(f"{k}: {v:.2f}")
+    write_result("serve_overhead", {"rounds": ROUNDS, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                                    "store": "redis", "engines": "mock, time scale 1", **figures})
+
+
+if __name__ == "__main__":
+    main()

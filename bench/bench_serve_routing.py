@@ -1,0 +1,102 @@
+"""Routing time with the shared state in Redis: wall time for a coordinator
+replica to read every worker's state (one Lua script round trip), build the
+``ClusterView`` and run Algorithm 1, on a 16-worker cluster whose prefill queues
+hold 8 tasks each. The paper's figure is 0.39 ms per routing decision (AMPD.md 3.1),
+state read included. Also the in-memory store, for the cost of Redis itself.
+
+Run: ``python bench/bench_serve_routing.py`` -> ``bench/results/serve_routing.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_result  # noqa: E402
+
+from ampd.core import Deployment, PrefillTask, QueuedTask, Role  # noqa: E402
+from ampd.perf import build_perf_model  # noqa: E402
+from ampd.policy.routing import AdaptiveRouter, PredictiveRouter, SloThresholds  # noqa: E402
+from ampd.serve.memory_store import MemoryStore  # noqa: E402
+from ampd.serve.redis_proc import RedisProcess  # noqa: E402
+from ampd.serve.redis_store import RedisStore  # noqa: E402
+from ampd.serve.store import QueueEntry, WorkerInfo  # noqa: E402
+from ampd.serve.view_builder import cluster_view  # noqa: E402
+
+DEPLOYMENT = "P:<TP=2,DP=8> D:<TP=4,DP=8>"  # 16 workers, 48 GPUs
+QUEUE_LENGTH = 8
+REPEATS = 2000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _fill(store, workers: list[WorkerInfo], rng: random.Random) -> None:
+    await store.register_workers(workers)
+    for w in workers:
+        if w.spec.role is Role.PREFILL:
+            for i in range(QUEUE_LENGTH):
+                task = PrefillTask(f"q{w.spec.worker_id}-{i}", 1, 4000, 600, 100.0, 8)
+                await store.push(w.spec.worker_id, QueueEntry(QueuedTask(task, 100.0, rng.uniform(0.1, 1.0)), "r"),
+                                 "{}")
+        else:
+            await store.add_samples(w.spec.worker_id, "itl", 100.0, 0.5, 10)
+
+
+async def _measure(store, workers: list[WorkerInfo], router, perf) -> list[float]:
+    infos = {w.spec.worker_id: w for w in workers}
+    ids = sorted(infos)
+    task = PrefillTask("s", 2, 8000, 700, 100.0, 8)
+    samples = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        states = await store.snapshot(ids, 101.0)
+        router.route(task, cluster_view(infos, states, perf, 101.0), 101.0)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _figures(prefix: str, samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    return {f"{prefix}_median_ms": 1e3 * statistics.median(ordered),
+            f"{prefix}_p99_ms": 1e3 * ordered[int(0.99 * len(ordered))]}
+
+
+async def run() -> dict:
+    rng = random.Random(0)
+    perf = build_perf_model("Llama-3.1-70B", "H20")
+    slo = SloThresholds(3.0, 0.06)
+    specs = Deployment.parse(DEPLOYMENT).workers(48)
+    workers = [WorkerInfo(s, f"http://127.0.0.1:{9000 + s.worker_id}", "mock") for s in specs]
+    figures = {}
+    with RedisProcess(_free_port()) as server:
+        for store_name, store in (("memory", MemoryStore()), ("redis", RedisStore(server.url))):
+            await _fill(store, workers, rng)
+            for name, router in (("adaptive", AdaptiveRouter(perf, slo, random.Random(1))),
+                                 ("predictive", PredictiveRouter(perf, slo, random.Random(1)))):
+                await _measure(store, workers, router, perf)  # warm up
+                figures.update(_figures(f"{store_name}_{name}", await _measure(store, workers, router, perf)))
+            await store.close()
+    return figures
+
+
+def main() -> None:
+    figures = asyncio.run(run())
+    for k, v in figures.items():
+        print(f"{k}: {v:.3f} ms")
+    write_result("serve_routing", {"deployment": DEPLOYMENT, "num_workers": 16, "queue_length": QUEUE_LENGTH,
+                                   "repeats": REPEATS, "paper_route_ms": 0.39, **figures})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Sustained sessions per second of one coordinator on this machine: a 16-worker
+mock cluster (``P:<TP=1,DP=8> D:<TP=1,DP=8>``, Llama-3.1-8B on H100 timings, time
+scale 0.05 so the emulated GPUs are never the bottleneck), the shared state in a
+real Redis server, and the load generator, all on the same cores. Sessions of 3
+rounds (256 new tokens, 16 output tokens, 0.2 s tool calls) arrive open loop at
+increasing rates; a rate is sustained when every session completes and the
+median TTFT stays within 2x its value at the lowest rate.
+
+Run: ``python bench/bench_serve_throughput.py`` -> ``bench/results/serve_throughput.json``.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_result  # noqa: E402
+
+from ampd.config import RunConfig  # noqa: E402
+from ampd.core.session import Round, Session  # noqa: E402
+from ampd.serve.clock import ScaledClock  # noqa: E402
+from ampd.serve.replay import replay_sync  # noqa: E402
+from ampd.serve.up import LocalCluster, free_port_block  # noqa: E402
+
+TIME_SCALE = 0.05
+RATES_PER_WALL_S = (5, 10, 20, 40, 80)
+WALL_S_PER_RATE = 10.0
+ROUNDS = (Round(256, 16, 0.2), Round(256, 16, 0.2), Round(256, 16, 0.0))
+
+
+def _ports() -> dict:
+    base = free_port_block(40)  # coordinator at base, Redis at base + 2, engines from base + 8
+    return {"port": base, "redis_port": base + 2, "base_port": base + 8}
+
+
+def _sessions(rate_per_wall_s: float) -> list[Session]:
+    """Evenly spaced arrivals (model seconds) for ``WALL_S_PER_RATE`` wall seconds."""
+    count = int(rate_per_wall_s * WALL_S_PER_RATE)
+    gap_s = 1.0 / (rate_per_wall_s * TIME_SCALE)
+    return [Session(f"r{rate_per_wall_s}-{i}", i * gap_s, ROUNDS)
+            for i in range(count)]
+
+
+def main() -> None:
+    config = RunConfig(system="ampd-predictive",
+                       cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 16,
+                                "deployment": "P:<TP=1,DP=8> D:<TP=1,DP=8>"},
+                       workload={"name": "toolbench", "num_sessions": 5},
+                       serve={**_ports(),
+                              "time_scale": TIME_SCALE})
+    rows = []
+    with tempfile.TemporaryDirectory() as logs, LocalCluster(config, Path(logs)) as cluster:
+        for rate in RATES_PER_WALL_S:
+            result = replay_sync(cluster.urls[0], _sessions(rate), model=config.cluster.model,
+                                 clock=ScaledClock(TIME_SCALE), ttft_slo_s=1.0, itl_slo_s=1.0, timeout_s=60)
+            s = result.summary
+            rows.append({"offered_sessions_per_s": rate, "sessions": s.num_sessions, "complete": s.num_complete,
+                         "failed": len(result.failed), "wall_s": result.wall_s,
+                         "completed_sessions_per_s": s.num_complete / result.wall_s,
+                         "rounds_per_s": s.num_rounds / result.wall_s,
+                         "ttft_p50_ms_wall": 1e3 * s.ttft_p50_s * TIME_SCALE,
+                         "itl_p50_ms_wall": 1e3 * s.itl_p50_s * TIME_SCALE})
+            print(rows[-1], flush=True)
+    base_ttft = rows[0]["ttft_p50_ms_wall"]
+    sustained = [r["offered_sessions_per_s"] for r in rows
+                 if r["failed"] == 0 and r["complete"] == r["sessions"] and r["ttft_p50_ms_wall"] <= 2 * base_ttft]
+    write_result("serve_throughput", {"deployment": config.cluster.deployment, "time_scale": TIME_SCALE,
+                                      "rounds_per_session": len(ROUNDS), "rows": rows,
+                                      "sustained_sessions_per_s": max(sustained, default=0)})
+
+
+if __name__ == "__main__":
+    main()
