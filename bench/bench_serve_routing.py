@@ -1,5 +1,6 @@
 """Routing time with the shared state in Redis: wall time for a coordinator
-replica to read every worker's state (one Lua script round trip), build the
+replica to read what a router reads (every prefill worker and the session's
+decode worker: ``Coordinator.routing_ids``; one Lua script round trip), build the
 ``ClusterView`` and run Algorithm 1, on a 16-worker cluster whose prefill queues
 hold 8 tasks each. The paper's figure is 0.39 ms per routing decision (AMPD.md 3.1),
 state read included. Also the in-memory store, for the cost of Redis itself.
@@ -55,8 +56,8 @@ async def _fill(store, workers: list[WorkerInfo], rng: random.Random) -> None:
 
 async def _measure(store, workers: list[WorkerInfo], router, perf) -> list[float]:
     infos = {w.spec.worker_id: w for w in workers}
-    ids = sorted(infos)
     task = PrefillTask("s", 2, 8000, 700, 100.0, 8)
+    ids = sorted([w.spec.worker_id for w in workers if w.spec.role is Role.PREFILL] + [task.decode_worker])
     samples = []
     for _ in range(REPEATS):
         start = time.perf_counter()

@@ -170,7 +170,7 @@ class Coordinator:
         trace.round_index, trace.decode_worker = task.round_index, task.decode_worker
         live = LiveRound(request, task, trace, state)
         started = time.perf_counter()
-        view = await self.view()
+        view = await self.view(self.routing_ids(task.decode_worker))
         decision = self._route(task, view)
         self.metrics.decision.observe(time.perf_counter() - started)
         self.decisions.add("route", decision, replica=self.options.replica_id)
@@ -188,11 +188,18 @@ class Coordinator:
         except ValueError:  # no live prefill worker for a router that needs one
             return RouteDecision(task.session_id, task.round_index, task.decode_worker, True, "no-prefill-worker")
 
-    async def view(self) -> ClusterView:
-        """The policies' snapshot of the live workers, from the store."""
+    async def view(self, worker_ids: list[int] | None = None) -> ClusterView:
+        """The policies' snapshot of the live workers among ``worker_ids`` (default:
+        all), from the store in one round trip."""
         now_s = self.clock.now_s()
-        states = await self.store.snapshot(sorted(self.workers), now_s)
+        states = await self.store.snapshot(worker_ids if worker_ids is not None else sorted(self.workers), now_s)
         return cluster_view(self.workers, states, self.perf, now_s)
+
+    def routing_ids(self, decode_worker: int) -> list[int]:
+        """What a router reads: every prefill worker and the session's decode
+        worker (not the other decode workers: half the state read on a balanced
+        cluster, and the read is most of a routing decision's time)."""
+        return sorted([*self.dispatcher.workers, decode_worker])
 
     # --- sessions ---------------------------------------------------------------------------
 

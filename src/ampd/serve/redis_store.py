@@ -5,20 +5,20 @@ Layout, every key under ``prefix`` (default ``ampd:``):
 
 | key | type | holds |
 |---|---|---|
-| ``workers`` / ``dead`` | hash / set | registry (id -> WorkerInfo JSON) / ids marked dead |
-| ``session:<id>`` | string | SessionState JSON |
-| ``kv:<worker>`` | integer | KV tokens reserved on a decode worker |
+| ``workers`` | hash | registry: worker id -> WorkerInfo JSON |
+| ``w:<worker>`` | hash | the worker's small state, one field each: ``dead`` (present when dead), ``kv`` (KV tokens reserved), ``win:<kind>:<slot>`` (``bucket|sum|count``), ``postp:<task>`` (postponements), ``infl:<task>`` (in-flight entry JSON) |
 | ``q:<worker>`` | list | waiting entries (JSON), queue order |
-| ``qp:<worker>`` / ``postp:<worker>`` | hash | task key -> request body / postponements |
-| ``inflight:<worker>`` | hash | task key -> entry JSON |
-| ``win:<worker>`` | hash | ``<kind>:<slot>`` -> ``bucket|sum|count`` |
+| ``qp:<worker>`` | hash | task key -> request body to send |
+| ``session:<id>`` | string | SessionState JSON |
 | ``lease:<worker>`` | string | replica id allowed to dispatch the queue (expires) |
 | channel ``results:<replica>`` | pub/sub | prefill results for that replica |
 
-Windows are bucketed: ``BUCKETS`` buckets of ``window_s / BUCKETS`` seconds each,
-so the mean covers the last ``window_s`` seconds to within one bucket
-([our choice]: bounded memory and one hash per worker, whatever the rate).
-Every multi-key change is one Lua script, hence atomic across replicas.
+One hash per worker keeps a routing snapshot at two reads per worker in one
+script (the routing-time benchmark, bench/bench_serve_routing.py). Windows are
+bucketed: ``BUCKETS`` buckets of ``window_s / BUCKETS`` seconds each, so the mean
+covers the last ``window_s`` seconds to within one bucket ([our choice]: bounded
+memory whatever the rate). Every multi-key change is one Lua script, hence
+atomic across replicas.
 """
 
 from __future__ import annotations
@@ -41,27 +41,44 @@ log = logging.getLogger(__name__)
 BUCKETS = 10
 ENTRY_CACHE_SIZE = 100_000  # decoded queue entries kept between snapshots
 
-# One JSON document for all the workers asked for (parsed by one json.loads):
-# [[dead, [entry, ...], {task key: postponements}, [in-flight entry, ...], [window field, value, ...], kv], ...]
+# One JSON document for all the workers asked for (parsed by one json.loads), the
+# windows already summed over the buckets newer than ARGV[2]:
+# [[[entry, ...], dead, kv, ttft_sum, ttft_count, itl_sum, itl_count, [task, n, ...], [in-flight entry, ...]], ...]
 _SNAPSHOT = """
-local p = ARGV[1]
+local p, oldest = ARGV[1], tonumber(ARGV[2])
 local parts = {}
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local id = ARGV[i]
-  local postponed = redis.call('HGETALL', p .. 'postp:' .. id)
-  local window = redis.call('HGETALL', p .. 'win:' .. id)
-  parts[#parts + 1] = '[' .. redis.call('SISMEMBER', p .. 'dead', id) ..
-    ',[' .. table.concat(redis.call('LRANGE', p .. 'q:' .. id, 0, -1), ',') .. '],' ..
-    (#postponed > 0 and cjson.encode(postponed) or '[]') ..
-    ',[' .. table.concat(redis.call('HVALS', p .. 'inflight:' .. id), ',') .. '],' ..
-    (#window > 0 and cjson.encode(window) or '[]') .. ',' .. (redis.call('GET', p .. 'kv:' .. id) or '0') .. ']'
+  local fields = redis.call('HGETALL', p .. 'w:' .. id)
+  local dead, kv = 0, '0'
+  local sums = {ttft = {0, 0}, itl = {0, 0}}
+  local postponed, inflight = {}, {}
+  for j = 1, #fields, 2 do
+    local name, value = fields[j], fields[j + 1]
+    local kind = string.match(name, '^win:(%a+):')
+    if kind then
+      local b, s, n = string.match(value, '([^|]+)|([^|]+)|([^|]+)')
+      if tonumber(b) > oldest and sums[kind] then
+        sums[kind][1] = sums[kind][1] + tonumber(s); sums[kind][2] = sums[kind][2] + tonumber(n)
+      end
+    elseif name == 'kv' then kv = value
+    elseif name == 'dead' then dead = 1
+    elseif string.sub(name, 1, 6) == 'postp:' then
+      postponed[#postponed + 1] = cjson.encode(string.sub(name, 7)) .. ',' .. value
+    elseif string.sub(name, 1, 5) == 'infl:' then inflight[#inflight + 1] = value
+    end
+  end
+  parts[#parts + 1] = '[[' .. table.concat(redis.call('LRANGE', p .. 'q:' .. id, 0, -1), ',') .. '],' ..
+    dead .. ',' .. kv .. ',' .. string.format('%.17g,%d,%.17g,%d', sums.ttft[1], sums.ttft[2], sums.itl[1],
+    sums.itl[2]) .. ',[' .. table.concat(postponed, ',') .. '],[' .. table.concat(inflight, ',') .. ']]'
 end
 return '[' .. table.concat(parts, ',') .. ']'
 """
 
+# KEYS: session, worker hash; ARGV: state JSON, reserved tokens
 _BIND = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
-  redis.call('INCRBY', KEYS[2], ARGV[2])
+  redis.call('HINCRBY', KEYS[2], 'kv', ARGV[2])
   return 1
 end
 return 0
@@ -71,7 +88,7 @@ _END = """
 local text = redis.call('GET', KEYS[1])
 if not text then return 0 end
 local state = cjson.decode(text)
-redis.call('DECRBY', ARGV[1] .. 'kv:' .. state[1], state[3])
+redis.call('HINCRBY', ARGV[1] .. 'w:' .. state[1], 'kv', -state[3])
 redis.call('DEL', KEYS[1])
 return 1
 """
@@ -82,26 +99,25 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('RPUSH', KEYS[1], ARGV[2])
 """
 
-# KEYS: q, qp, postp, inflight; ARGV: task key, entry JSON, in-flight entry JSON (or '' to withdraw)
+# KEYS: q, qp, worker hash; ARGV: task key, entry JSON, in-flight entry JSON (or '' to withdraw)
 _TAKE = """
 if redis.call('LREM', KEYS[1], 1, ARGV[2]) == 0 then return false end
 local payload = redis.call('HGET', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[4], ARGV[1], ARGV[3]) end
+redis.call('HDEL', KEYS[3], 'postp:' .. ARGV[1])
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], 'infl:' .. ARGV[1], ARGV[3]) end
 return payload or ''
 """
 
-# KEYS: win hash; ARGV: kind, bucket, slot, total, count
+# KEYS: worker hash; ARGV: window field, bucket, total, count
 _SAMPLES = """
-local field = ARGV[1] .. ':' .. ARGV[3]
-local bucket, total, count = tonumber(ARGV[2]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local cur = redis.call('HGET', KEYS[1], field)
+local bucket, total, count = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
   local b, s, n = string.match(cur, '([^|]+)|([^|]+)|([^|]+)')
   if tonumber(b) == bucket then total = total + tonumber(s); count = count + tonumber(n) end
 end
-redis.call('HSET', KEYS[1], field, string.format('%d|%.17g|%d', bucket, total, count))
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d|%.17g|%d', bucket, total, count))
 """
 
 _RELEASE = """
@@ -152,22 +168,25 @@ class RedisStore:
         if workers:
             mapping = {str(w.spec.worker_id): w.to_json() for w in workers}
             await self._run(self._redis.hset(self._k("workers"), mapping=mapping))
-            await self._run(self._redis.srem(self._k("dead"), *mapping))
+            for w in workers:
+                await self._run(self._redis.hdel(self._k("w", w.spec.worker_id), "dead"))
 
     async def workers(self) -> list[WorkerInfo]:
         entries = await self._run(self._redis.hgetall(self._k("workers")))
         return sorted((WorkerInfo.from_json(v) for v in entries.values()), key=lambda w: w.spec.worker_id)
 
     async def snapshot(self, worker_ids: list[int], now_s: float) -> list[WorkerState]:
-        rows = json.loads(await self._script("snapshot", [], [self.prefix, *worker_ids]))
-        return [self._state(wid, row, now_s) for wid, row in zip(worker_ids, rows)]
+        oldest = math.floor(now_s / self.bucket_s) - BUCKETS
+        rows = json.loads(await self._script("snapshot", [], [self.prefix, oldest, *worker_ids]))
+        return [self._state(wid, row) for wid, row in zip(worker_ids, rows)]
 
-    def _state(self, worker_id: int, row: list, now_s: float) -> WorkerState:
-        dead, entries, postponed, inflight, window, kv = row
-        postponed = _pairs(postponed)
+    def _state(self, worker_id: int, row: list) -> WorkerState:
+        entries, dead, kv, ttft_sum, ttft_count, itl_sum, itl_count, postponed, inflight = row
+        postponed = _pairs(postponed) if postponed else {}
         queue = [self._entry(e, int(postponed.get(f"{e[0]}#{e[1]}", 0))) for e in entries]
-        ttft, itl = self._means(_pairs(window), now_s)
-        return WorkerState(worker_id, not dead, queue, [self._entry(e) for e in inflight], ttft, itl, int(kv))
+        return WorkerState(worker_id, not dead, queue, [self._entry(e) for e in inflight],
+                           ttft_sum / ttft_count if ttft_count else None, itl_sum / itl_count if itl_count else None,
+                           kv)
 
     def _entry(self, values: list, postponements: int = 0) -> QueueEntry:
         """A decoded entry, reused from earlier snapshots: a waiting task's entry
@@ -180,34 +199,23 @@ class RedisStore:
             entry = self._entries[key] = QueueEntry.from_list(values, postponements)
         return entry
 
-    def _means(self, window: dict[str, str], now_s: float) -> tuple[float | None, float | None]:
-        oldest = math.floor(now_s / self.bucket_s) - BUCKETS
-        sums = {"ttft": [0.0, 0], "itl": [0.0, 0]}
-        for field, value in window.items():
-            kind = field.split(":", 1)[0]
-            bucket, total, count = value.split("|")
-            if int(bucket) > oldest and kind in sums:
-                sums[kind][0] += float(total)
-                sums[kind][1] += int(count)
-        return tuple(t / n if n else None for t, n in sums.values())
-
     async def set_alive(self, worker_id: int, alive: bool) -> None:
-        op = self._redis.srem if alive else self._redis.sadd
-        await self._run(op(self._k("dead"), worker_id))
+        key = self._k("w", worker_id)
+        await self._run(self._redis.hdel(key, "dead") if alive else self._redis.hset(key, "dead", 1))
 
     async def get_session(self, session_id: str) -> SessionState | None:
         text = await self._run(self._redis.get(self._k("session", session_id)))
         return SessionState.from_json(text) if text else None
 
     async def bind_session(self, session_id: str, state: SessionState) -> bool:
-        keys = [self._k("session", session_id), self._k("kv", state.decode_worker)]
+        keys = [self._k("session", session_id), self._k("w", state.decode_worker)]
         return bool(await self._script("bind", keys, [state.to_json(), state.reserved_tokens]))
 
     async def update_session(self, session_id: str, old: SessionState, new: SessionState) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(self._k("session", session_id), new.to_json())
-            pipe.decrby(self._k("kv", old.decode_worker), old.reserved_tokens)
-            pipe.incrby(self._k("kv", new.decode_worker), new.reserved_tokens)
+            pipe.hincrby(self._k("w", old.decode_worker), "kv", -old.reserved_tokens)
+            pipe.hincrby(self._k("w", new.decode_worker), "kv", new.reserved_tokens)
             await self._run(pipe.execute())
 
     async def end_session(self, session_id: str) -> None:
@@ -219,10 +227,11 @@ class RedisStore:
 
     async def set_postponements(self, worker_id: int, counts: dict[str, int]) -> None:
         if counts:
-            await self._run(self._redis.hset(self._k("postp", worker_id), mapping=counts))
+            mapping = {f"postp:{key}": n for key, n in counts.items()}
+            await self._run(self._redis.hset(self._k("w", worker_id), mapping=mapping))
 
     def _queue_keys(self, worker_id: int) -> list[str]:
-        return [self._k(kind, worker_id) for kind in ("q", "qp", "postp", "inflight")]
+        return [self._k(kind, worker_id) for kind in ("q", "qp", "w")]
 
     async def take(self, worker_id: int, entry: QueueEntry, dispatch_s: float) -> tuple[QueueEntry, str] | None:
         waiting = QueueEntry(QueuedTask(entry.queued.task, entry.queued.enqueue_s, entry.queued.cost_s),
@@ -236,15 +245,15 @@ class RedisStore:
         return await self._script("take", self._queue_keys(worker_id), [entry.key, entry.to_json(), ""]) is not None
 
     async def add_inflight(self, worker_id: int, entry: QueueEntry) -> None:
-        await self._run(self._redis.hset(self._k("inflight", worker_id), entry.key, entry.to_json()))
+        await self._run(self._redis.hset(self._k("w", worker_id), f"infl:{entry.key}", entry.to_json()))
 
     async def remove_inflight(self, worker_id: int, key: str) -> None:
-        await self._run(self._redis.hdel(self._k("inflight", worker_id), key))
+        await self._run(self._redis.hdel(self._k("w", worker_id), f"infl:{key}"))
 
     async def add_samples(self, worker_id: int, kind: str, now_s: float, total_s: float, count: int) -> None:
         bucket = math.floor(now_s / self.bucket_s)
-        await self._script("samples", [self._k("win", worker_id)],
-                           [kind, bucket, bucket % (BUCKETS + 1), total_s, count])
+        await self._script("samples", [self._k("w", worker_id)],
+                           [f"win:{kind}:{bucket % (BUCKETS + 1)}", bucket, total_s, count])
 
     async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
         ttl_ms = max(1, int(ttl_s * 1000))
