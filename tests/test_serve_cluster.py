@@ -85,15 +85,15 @@ def test_engines_killed_mid_trace_lose_no_round(tmp_path):
     """A decode engine (worker 2) and then a prefill engine (worker 0) die while
     sessions run: every session still finishes every round with all its tokens;
     the dead decode worker's sessions are rebound to the other one (worker 3)."""
-    config = serving(override(BASE, workload={"num_sessions": 30}), time_scale=0.5)
+    config = serving(override(BASE, workload={"num_sessions": 30}), time_scale=0.25)
     sessions = sessions_for(config)
     slo = simulate(config).slo
     with LocalCluster(config, tmp_path) as cluster:
         async def go():
             run = asyncio.create_task(replay(cluster.urls[0], sessions, model=config.cluster.model,
-                                             clock=ScaledClock(0.5), ttft_slo_s=slo.ttft_s, itl_slo_s=slo.itl_s,
+                                             clock=ScaledClock(0.25), ttft_slo_s=slo.ttft_s, itl_slo_s=slo.itl_s,
                                              timeout_s=60))
-            await _kill_later(cluster, [(4.0, 2), (3.0, 0)])
+            await _kill_later(cluster, [(2.0, 2), (1.5, 0)])
             return await run
         result = asyncio.run(go())
         dead, rebinds = decisions(cluster.urls, "dead"), decisions(cluster.urls, "rebind")
@@ -109,7 +109,7 @@ def test_engines_killed_mid_trace_lose_no_round(tmp_path):
 def test_failed_kv_transfers_are_recomputed_locally(tmp_path):
     """Half the decode engines' KV loads fail (seeded): those rounds are recomputed
     on the decode engine, reported local, and every session finishes."""
-    config = serving(override(BASE, workload={"num_sessions": 20}), time_scale=0.5, mock_kv_fail_rate=0.5)
+    config = serving(override(BASE, workload={"num_sessions": 20}), time_scale=0.25, mock_kv_fail_rate=0.5)
     slo = simulate(config).slo
     with LocalCluster(config, tmp_path) as cluster:
         [result] = replay_split(cluster.urls, config, slo)
@@ -124,7 +124,7 @@ def test_prefill_timeouts_fall_back_and_a_redis_outage_degrades_without_crashing
     """With a KV timeout far below any prefill time every remote prefill falls back
     (reason "timeout") and still completes; then Redis dies: rounds are still
     served (locally, degraded) and /health says so."""
-    config = serving(override(BASE, workload={"num_sessions": 6}), time_scale=0.5, kv_timeout_s=0.001)
+    config = serving(override(BASE, workload={"num_sessions": 6}), time_scale=0.25, kv_timeout_s=0.001)
     slo = simulate(config).slo
     with LocalCluster(config, tmp_path) as cluster:
         [result] = replay_split(cluster.urls, config, slo)

@@ -141,9 +141,7 @@ def test_prompts_carry_history_and_rounds_wait_for_tool_calls(server):
     url, engine = server
     engine.__init__()
     sessions = _sessions(3)
-    wall_start_s = time.time()
     result = _replay(url, sessions)
-    assert time.time() - wall_start_s < 10  # generous: the trace lasts about 0.2 s of wall time
     assert result.failed == [] and result.summary.num_complete == 3 and result.summary.num_rounds == 9
     assert [s.session_id for s in result.sessions] == ["s0", "s1", "s2"]
     for session, record in zip(sessions, result.sessions, strict=True):
@@ -169,7 +167,6 @@ def test_prompts_carry_history_and_rounds_wait_for_tool_calls(server):
         for rnd, r in zip(session.rounds, record.rounds, strict=True):
             assert len(r.itls_s) == rnd.output_tokens - 1
             assert r.ready_s <= r.first_token_s <= r.done_s
-            assert sum(r.itls_s) / len(r.itls_s) >= 0.5 * GAP_WALL_S / TIME_SCALE  # lower bound only
         assert [(r.decode_worker, r.prefill_worker, r.local) for r in record.rounds] == [
             (3, None, True), (3, 1, False), (3, 1, False)]
         assert record.done_s == record.rounds[-1].done_s
@@ -203,9 +200,7 @@ def test_hung_server_times_out_and_is_reported(server):
     url, engine = server
     engine.__init__(faults={("h", 0): "hang"})
     sessions = [Session("h", 0.0, (Round(3, 4),)), Session("ok", 0.0, (Round(3, 4),))]
-    wall_start_s = time.time()
-    result = _replay(url, sessions, timeout_s=0.5)
-    assert time.time() - wall_start_s < 5  # generous: the timeout is 0.5 s
+    result = _replay(url, sessions, timeout_s=0.5)  # a replay that ignored its timeout would hang here
     assert len(result.failed) == 1
     session_id, round_index, reason = result.failed[0]
     assert (session_id, round_index) == ("h", 0) and reason.startswith("timeout")

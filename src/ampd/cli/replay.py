@@ -42,14 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``ampd replay``: simulate's run options (configuration,
     workload size, seed, SLO) plus the server and replay settings."""
     add_run_options(parser)
-    parser.add_argument("--url", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--url", help="base URL of the server (default: http://<serve.host>:<serve.port> of "
+                                      "the configuration)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--trace", help="trace file (any format ampd loads, see --trace-format) or builtin:<trace>")
     source.add_argument("--workload", help="toolbench|gaia|hotpotqa|dureader, builtin:<trace>, or a trace file")
     parser.add_argument("--rate", type=float, help="session arrival rate (sessions/s)")
     parser.add_argument("--served-model", help="the requests' model field (default: the configuration's model)")
-    parser.add_argument("--time-scale", type=_positive_float, default=1.0,
-                        help="wall seconds per model second; < 1 replays faster (must match the server's)")
+    parser.add_argument("--time-scale", type=_positive_float,
+                        help="wall seconds per model second; < 1 replays faster; must match the server's "
+                             "(default: serve.time_scale of the configuration, 1)")
     parser.add_argument("--vocab-size", type=_positive_int, default=DEFAULT_VOCAB_SIZE,
                         help=f"prompt token ids are drawn from [0, vocab size) (default {DEFAULT_VOCAB_SIZE})")
     parser.add_argument("--timeout-s", type=_positive_float, default=DEFAULT_TIMEOUT_S,
@@ -76,7 +78,9 @@ def run_from_args(args: argparse.Namespace) -> ReplayResult:
     sessions = sessions_for(config)
     slo = slo_for(config, perf_model_for(config), sessions)
     config = override(config, slo={"ttft_s": slo.ttft_s, "itl_s": slo.itl_s})
-    model = args.served_model or config.cluster.model
+    model = args.served_model or config.serve.served_model or config.cluster.model
+    args.url = args.url or f"http://{config.serve.host}:{config.serve.port}"
+    args.time_scale = args.time_scale or config.serve.time_scale
     result = replay_sync(args.url, sessions, model=model, clock=ScaledClock(args.time_scale), ttft_slo_s=slo.ttft_s,
                          itl_slo_s=slo.itl_s, scope=config.slo.scope, vocab_size=args.vocab_size, seed=config.seed,
                          timeout_s=args.timeout_s, progress=not args.quiet)

@@ -1,0 +1,83 @@
+"""The serving commands as a user runs them: `ampd serve` refusing an unreachable
+Redis at start, and `ampd up` starting a cluster and stopping every part of it."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from ampd.cli.main import main
+from ampd.serve.up import free_port_block
+
+CONFIG = """
+system = "pd-disagg"
+[cluster]
+model = "Llama-3.1-8B"
+gpu = "H100-SXM"
+num_gpus = 2
+deployment = "P:<TP=1,DP=1> D:<TP=1,DP=1>"
+[workload]
+name = "toolbench"
+num_sessions = 5
+[serve]
+port = {port}
+base_port = {base_port}
+{extra}
+"""
+
+
+def write_config(tmp_path, extra: str = "") -> tuple:
+    port = free_port_block(10)
+    path = tmp_path / "serve.toml"
+    path.write_text(CONFIG.format(port=port, base_port=port + 2, extra=extra))
+    return path, port
+
+
+def test_serve_with_unreachable_redis_fails_at_once_naming_it(tmp_path, capsys):
+    path, port = write_config(tmp_path, '[[serve.workers]]\nurl = "http://127.0.0.1:9"\nrole = "prefill"\n'
+                                        '[[serve.workers]]\nurl = "http://127.0.0.1:9"\nrole = "decode"\n')
+    redis_url = f"redis://127.0.0.1:{port + 9}/0"
+    assert main(["serve", "--config", str(path), "--redis-url", redis_url]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the shared store" in err and redis_url in err
+
+
+def test_up_starts_a_cluster_that_serves_and_stops_everything_on_interrupt(tmp_path):
+    path, port = write_config(tmp_path)
+    up = subprocess.Popen([sys.executable, "-m", "ampd.cli.main", "up", "--config", str(path), "--log-dir",
+                           str(tmp_path / "logs")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = up.stdout.readline()  # printed once every part answers
+        assert line.startswith("cluster up"), line + up.stdout.read()
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", headers={"X-Session-Id": "s"}, timeout=30,
+                           json={"prompt": list(range(1, 50)), "max_tokens": 3})
+        assert reply.status_code == 200 and len(reply.json()["choices"][0]["token_ids"]) == 3
+        assert reply.headers["x-ampd-local"] == "false"  # pd-disagg: prefilled on the prefill engine
+        pids = _children(up.pid)
+        assert len(pids) >= 3  # two engines and the coordinator
+    finally:
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=30) == 0
+    assert "cluster stopped" in up.stdout.read()
+    time.sleep(0.5)
+    assert [p for p in pids if _alive(p)] == []
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent) is not running
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
