@@ -146,3 +146,16 @@ def test_unreachable_redis_is_a_clear_error():
             await store.ping()
         await store.close()
     run(go())
+
+
+def test_idle_sessions_expire_and_free_their_kv(make_store):
+    async def go():
+        store = make_store()
+        await store.bind_session("old", SessionState(1, 0, 300, 1, 5.0))
+        await store.bind_session("new", SessionState(1, 0, 200, 1, 50.0))
+        assert await store.expire_sessions(10.0) == ["old"]
+        assert await store.get_session("old") is None and await store.get_session("new") is not None
+        assert (await store.snapshot([1], 60.0))[0].kv_used_tokens == 200
+        assert await store.expire_sessions(10.0) == []
+        await store.close()
+    run(go())

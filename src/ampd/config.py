@@ -136,6 +136,9 @@ class ServeConfig(_Strict):
                                                         "the round locally on its decode worker")
     admission_timeout_s: float = Field(120.0, gt=0, description="longest wait of a new session for KV memory")
     health_interval_s: float = Field(1.0, gt=0)
+    session_idle_ttl_s: float = Field(600.0, gt=0, description="a session with no round started or finished for "
+                                                               "this long is ended (its KV reservation freed); "
+                                                               "a later round binds it again")
     decisions_path: str = Field("", description="JSON Lines file of every decision; empty: not written")
     replica_id: str = Field("", description="unique per coordinator replica; empty: host:pid")
     base_port: int = Field(8100, ge=1, le=65000, description="ampd up: first engine port")

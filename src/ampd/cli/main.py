@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ampd.cli import plan, replay, reproduce, serve
-from ampd.cli.options import add_run_options, config_from_args, output_dir
+from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_int
 from ampd.cli.tables import print_table, summary_table
 from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
 from ampd.core.errors import AmpdError, InputError
@@ -33,16 +33,6 @@ def _names(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
     return names
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
@@ -110,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--systems", type=_names, help=f"comma-separated, of {', '.join(SYSTEMS)} (default: ampd,pd-disagg)")
     sw.add_argument("--workloads", type=_names, help="comma-separated workloads (as in simulate --workload)")
     sw.add_argument("--rates", type=_floats, help="comma-separated rates (sessions/s), every workload")
-    sw.add_argument("--jobs", type=_positive_int, help="parallel runs (default: every core)")
+    sw.add_argument("--jobs", type=positive_int, help="parallel runs (default: every core)")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
     plan.register(sub)

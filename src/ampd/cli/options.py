@@ -4,12 +4,35 @@ configuration file."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
 from ampd.config import RunConfig, SweepConfig, load_config, override
 from ampd.core.errors import InputError
 from ampd.metrics.slo import SloScope
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
+    return value
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:

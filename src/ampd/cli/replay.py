@@ -5,10 +5,9 @@ resolves them, results written in the same files."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
-from ampd.cli.options import add_run_options, config_from_args, output_dir
+from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_float, positive_int
 from ampd.cli.tables import print_table, summary_table
 from ampd.config import override
 from ampd.experiment import perf_model_for, sessions_for, slo_for
@@ -16,26 +15,6 @@ from ampd.metrics.report import round_rows, write_csv, write_json
 from ampd.serve.clock import ScaledClock
 from ampd.serve.replay import DEFAULT_TIMEOUT_S, DEFAULT_VOCAB_SIZE, ReplayResult, replay_sync
 from ampd.sweep import workload_source
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite positive number, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,12 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--workload", help="toolbench|gaia|hotpotqa|dureader, builtin:<trace>, or a trace file")
     parser.add_argument("--rate", type=float, help="session arrival rate (sessions/s)")
     parser.add_argument("--served-model", help="the requests' model field (default: the configuration's model)")
-    parser.add_argument("--time-scale", type=_positive_float,
+    parser.add_argument("--time-scale", type=positive_float,
                         help="wall seconds per model second; < 1 replays faster; must match the server's "
                              "(default: serve.time_scale of the configuration, 1)")
-    parser.add_argument("--vocab-size", type=_positive_int, default=DEFAULT_VOCAB_SIZE,
+    parser.add_argument("--vocab-size", type=positive_int, default=DEFAULT_VOCAB_SIZE,
                         help=f"prompt token ids are drawn from [0, vocab size) (default {DEFAULT_VOCAB_SIZE})")
-    parser.add_argument("--timeout-s", type=_positive_float, default=DEFAULT_TIMEOUT_S,
+    parser.add_argument("--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S,
                         help=f"fail a round after this many wall seconds without reply (default {DEFAULT_TIMEOUT_S:g})")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 

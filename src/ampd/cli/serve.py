@@ -10,7 +10,7 @@ import threading
 
 import uvicorn
 
-from ampd.cli.options import add_run_options, config_from_args
+from ampd.cli.options import add_run_options, config_from_args, positive_float, positive_int
 from ampd.config import RunConfig, override
 from ampd.core.errors import InputError
 from ampd.serve.app import create_app
@@ -23,9 +23,9 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
     add_run_options(p)
     p.add_argument("--system", help="serving system (default: the configuration's, ampd)")
     p.add_argument("--host", help="listen address (default 127.0.0.1: loopback only)")
-    p.add_argument("--port", type=int, help="coordinator port (default 8000)")
+    p.add_argument("--port", type=positive_int, help="coordinator port (default 8000)")
     p.add_argument("--redis-url", help="shared state, e.g. redis://10.0.0.1:6379/0 (default: in-memory)")
-    p.add_argument("--time-scale", type=float, help="wall seconds per model second (mock engines only)")
+    p.add_argument("--time-scale", type=positive_float, help="wall seconds per model second (mock engines only)")
 
 
 def _serve_config(args: argparse.Namespace) -> RunConfig:
@@ -83,6 +83,6 @@ def register(sub) -> None:
     serve.set_defaults(func=cmd_serve)
     up = sub.add_parser("up", help="start Redis, engines and coordinators of a config on this machine")
     _serve_options(up)
-    up.add_argument("--coordinators", type=int, default=1, help="coordinator replicas (default 1)")
+    up.add_argument("--coordinators", type=positive_int, default=1, help="coordinator replicas (default 1)")
     up.add_argument("--log-dir", default="out/up", help="logs and the resolved configuration (default out/up)")
     up.set_defaults(func=cmd_up)

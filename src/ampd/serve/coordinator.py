@@ -54,6 +54,8 @@ class CoordinatorOptions:
         kv_timeout_s: longest wait for a remote prefill (model s), then local recompute.
         admission_timeout_s: longest wait of a new session for KV room (model s).
         health_interval_s: engine health-check period, wall seconds.
+        session_idle_ttl_s: a session idle this long (model s) is ended, for
+            clients that never send ``X-Session-Last-Round``.
     """
 
     replica_id: str
@@ -61,6 +63,7 @@ class CoordinatorOptions:
     kv_timeout_s: float = 30.0
     admission_timeout_s: float = 120.0
     health_interval_s: float = 1.0
+    session_idle_ttl_s: float = 600.0
 
 
 class Coordinator:
@@ -115,7 +118,7 @@ class Coordinator:
             await self.store.subscribe(self.options.replica_id, self._on_result)
         except StoreUnavailable as err:
             raise ServeError(503, f"cannot start: {err}") from err
-        for loop in (self._health_loop, self._sweep_loop, self._flush_loop):
+        for loop in (self._health_loop, self._sweep_loop, self._flush_loop, self._expiry_loop):
             self._background.append(asyncio.create_task(loop()))
 
     async def stop(self) -> None:
@@ -465,6 +468,19 @@ class Coordinator:
             pending, self._itl = self._itl, {}
             for worker_id, (total_s, count) in pending.items():
                 await self._store_call(self.store.add_samples(worker_id, "itl", now_s, total_s, count))
+
+    async def _expiry_loop(self) -> None:
+        """End idle sessions (every replica may: ending one is idempotent)."""
+        while True:
+            await self.clock.sleep(self.options.session_idle_ttl_s / 10)
+            try:
+                expired = await self.store.expire_sessions(self.clock.now_s() - self.options.session_idle_ttl_s)
+            except StoreUnavailable as err:
+                self._store_failed(err)
+                continue
+            for session_id in expired:
+                self._bindings.pop(session_id, None)
+                self.decisions.add("expire", {"session_id": session_id}, replica=self.options.replica_id)
 
     async def _store_call(self, coro) -> None:
         """Run a store update whose loss only degrades statistics."""

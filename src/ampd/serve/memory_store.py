@@ -81,6 +81,12 @@ class MemoryStore:
         if state is not None:
             self._kv_used[state.decode_worker] -= state.reserved_tokens
 
+    async def expire_sessions(self, idle_before_s: float) -> list[str]:
+        idle = [sid for sid, state in self._sessions.items() if state.last_s < idle_before_s]
+        for sid in idle:
+            await self.end_session(sid)
+        return idle
+
     async def push(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
         self._queues[worker_id].append((entry, payload))
 

@@ -84,10 +84,12 @@ end
 return 0
 """
 
+# ARGV: prefix, and optionally a time: end only a session idle since before it
 _END = """
 local text = redis.call('GET', KEYS[1])
 if not text then return 0 end
 local state = cjson.decode(text)
+if ARGV[2] and state[5] >= tonumber(ARGV[2]) then return 0 end
 redis.call('HINCRBY', ARGV[1] .. 'w:' .. state[1], 'kv', -state[3])
 redis.call('DEL', KEYS[1])
 return 1
@@ -220,6 +222,16 @@ class RedisStore:
 
     async def end_session(self, session_id: str) -> None:
         await self._script("end", [self._k("session", session_id)], [self.prefix])
+
+    async def expire_sessions(self, idle_before_s: float) -> list[str]:
+        """Scans every session key (SCAN, batches of 500): O(sessions) per call."""
+        async def keys() -> list[str]:
+            return [key async for key in self._redis.scan_iter(match=self._k("session", "*"), count=500)]
+        expired = []
+        for key in await self._run(keys()):
+            if await self._script("end", [key], [self.prefix, repr(idle_before_s)]):
+                expired.append(key.removeprefix(self._k("session", "")))
+        return expired
 
     async def push(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
         keys = [self._k("q", worker_id), self._k("qp", worker_id)]

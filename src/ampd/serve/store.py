@@ -179,6 +179,10 @@ class StateStore(Protocol):
     async def end_session(self, session_id: str) -> None:
         """Drop a binding and free its reserved KV (no-op when unbound)."""
 
+    async def expire_sessions(self, idle_before_s: float) -> list[str]:
+        """End the sessions whose last round started or finished before
+        ``idle_before_s`` (freeing their reserved KV); their ids."""
+
     async def push(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
         """Append a task (and the request body to send, ``payload``) to a worker's queue."""
 
