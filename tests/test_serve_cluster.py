@@ -4,6 +4,8 @@ load generator. Parity with the simulator, and the failures of docs/SERVING.md."
 
 import asyncio
 import collections
+import os
+import signal
 
 import httpx
 import pytest
@@ -73,19 +75,22 @@ def test_fifty_sessions_through_two_replicas_match_the_simulator(tmp_path):
     assert summary.local_prefill_share == pytest.approx(sim.summary.local_prefill_share, abs=0.05)
 
 
-def _kill_later(cluster: LocalCluster, schedule: list[tuple[float, int]]):
-    async def kill():
-        for delay_s, worker_id in schedule:
+def _break_later(cluster: LocalCluster, schedule: list[tuple[float, int, signal.Signals]]):
+    async def fail():
+        for delay_s, worker_id, sig in schedule:
             await asyncio.sleep(delay_s)
-            cluster.kill_engine(worker_id)
-    return kill()
+            os.killpg(cluster.engines[worker_id].process.pid, sig)
+    return fail()
 
 
-def test_engines_killed_mid_trace_lose_no_round(tmp_path):
-    """A decode engine (worker 2) and then a prefill engine (worker 0) die while
-    sessions run: every session still finishes every round with all its tokens;
-    the dead decode worker's sessions are rebound to the other one (worker 3)."""
-    config = serving(override(BASE, workload={"num_sessions": 30}), time_scale=0.25)
+def test_engines_killed_or_hung_mid_trace_lose_no_round(tmp_path):
+    """Mid-trace, decode engine 1 is killed, decode engine 2 hangs (SIGSTOP: alive,
+    silent) and the only prefill engine (0) is killed: every session still finishes
+    every round with all its tokens; sessions move off the failed decode engines,
+    and with no prefill engine left every prefill runs locally (the health check
+    would revive engine 0 if it came back; it does not here)."""
+    base = override(BASE, cluster={"deployment": "P:<TP=2,DP=1> D:<TP=2,DP=3>"}, workload={"num_sessions": 30})
+    config = serving(base, time_scale=0.25, stream_idle_timeout_s=20.0)  # 5 wall seconds
     sessions = sessions_for(config)
     slo = simulate(config).slo
     with LocalCluster(config, tmp_path) as cluster:
@@ -93,17 +98,25 @@ def test_engines_killed_mid_trace_lose_no_round(tmp_path):
             run = asyncio.create_task(replay(cluster.urls[0], sessions, model=config.cluster.model,
                                              clock=ScaledClock(0.25), ttft_slo_s=slo.ttft_s, itl_slo_s=slo.itl_s,
                                              timeout_s=60))
-            await _kill_later(cluster, [(2.0, 2), (1.5, 0)])
+            await _break_later(cluster, [(1.5, 1, signal.SIGKILL), (1.0, 2, signal.SIGSTOP), (1.0, 0, signal.SIGKILL)])
             return await run
-        result = asyncio.run(go())
-        dead, rebinds = decisions(cluster.urls, "dead"), decisions(cluster.urls, "rebind")
+        try:
+            result = asyncio.run(go())
+            dead, rebinds = decisions(cluster.urls, "dead"), decisions(cluster.urls, "rebind")
+            log = httpx.get(f"{cluster.urls[0]}/ampd/decisions", params={"limit": 100000}).json()
+        finally:
+            os.killpg(cluster.engines[2].process.pid, signal.SIGCONT)
     assert result.failed == []
     by_id = {s.session_id: s for s in sessions}
     for record in result.sessions:
         assert record.complete
         assert [len(r.itls_s) + 1 for r in record.rounds] == [r.output_tokens for r in by_id[record.session_id].rounds]
-    assert {d["worker_id"] for d in dead} == {0, 2}
-    assert rebinds and {(d["from_worker"], d["worker_id"]) for d in rebinds} == {(2, 3)}
+    # on 2 starved cores a slow but healthy engine may be marked dead too, and revived by its health check
+    assert {0, 1, 2} <= {d["worker_id"] for d in dead}
+    assert {1, 2} <= {d["from_worker"] for d in rebinds}
+    prefill_dead_at = next(i for i, d in enumerate(log) if d["kind"] == "dead" and d["worker_id"] == 0)
+    later = [d for d in log[prefill_dead_at:] if d["kind"] == "route"]
+    assert later and all(d["local"] for d in later)  # no prefill engine left: every prefill runs locally
 
 
 def test_failed_kv_transfers_are_recomputed_locally(tmp_path):

@@ -136,6 +136,9 @@ class ServeConfig(_Strict):
                                                         "the round locally on its decode worker")
     admission_timeout_s: float = Field(120.0, gt=0, description="longest wait of a new session for KV memory")
     health_interval_s: float = Field(1.0, gt=0)
+    stream_idle_timeout_s: float = Field(60.0, gt=0, description="a decode engine silent this long while "
+                                                                  "streaming a round counts as dead (the round "
+                                                                  "is continued on another)")
     session_idle_ttl_s: float = Field(600.0, gt=0, description="a session with no round started or finished for "
                                                                "this long is ended (its KV reservation freed); "
                                                                "a later round binds it again")

@@ -56,6 +56,8 @@ class CoordinatorOptions:
         health_interval_s: engine health-check period, wall seconds.
         session_idle_ttl_s: a session idle this long (model s) is ended, for
             clients that never send ``X-Session-Last-Round``.
+        stream_idle_timeout_s: a decode engine silent this long (model s) in
+            the middle of a round counts as dead: the round moves on.
     """
 
     replica_id: str
@@ -64,6 +66,7 @@ class CoordinatorOptions:
     admission_timeout_s: float = 120.0
     health_interval_s: float = 1.0
     session_idle_ttl_s: float = 600.0
+    stream_idle_timeout_s: float = 60.0
 
 
 class Coordinator:
@@ -85,7 +88,7 @@ class Coordinator:
         self.workers = {w.spec.worker_id: w for w in workers}
         self.store, self.perf, self.router, self.clock, self.options = store, perf, router, clock, options
         self.binder = MostFreeKvBinder()
-        self.engines = EngineClient()
+        self.engines = EngineClient(stream_idle_timeout_s=clock.wall_s(options.stream_idle_timeout_s))
         self.decisions = decisions or DecisionLog()
         self.metrics = ServeMetrics()
         prefill = {i: w for i, w in self.workers.items() if w.spec.role is Role.PREFILL}

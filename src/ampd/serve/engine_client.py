@@ -50,11 +50,15 @@ class EngineClient:
 
     Args:
         connect_timeout_s: wall seconds to open a connection.
+        stream_idle_timeout_s: longest silence of a streaming engine, wall
+            seconds; past it the stream counts as broken (a hung engine is
+            treated as a dead one), so no round waits forever.
     """
 
-    def __init__(self, connect_timeout_s: float = 2.0) -> None:
+    def __init__(self, connect_timeout_s: float = 2.0, stream_idle_timeout_s: float = 60.0) -> None:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=connect_timeout_s), limits=limits)
+        self._stream_timeout = httpx.Timeout(None, connect=connect_timeout_s, read=stream_idle_timeout_s)
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -108,7 +112,8 @@ class EngineClient:
             EngineError: unreachable, an error status, or the stream broke off.
         """
         headers = {**_headers(session_id), **({"X-Session-Last-Round": "true"} if last_round else {})}
-        request = self._http.build_request("POST", f"{url}/v1/completions", json=body, headers=headers)
+        request = self._http.build_request("POST", f"{url}/v1/completions", json=body, headers=headers,
+                                           timeout=self._stream_timeout)
         try:
             reply = await self._http.send(request, stream=True)
         except httpx.HTTPError as err:
