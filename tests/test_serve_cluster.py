@@ -52,8 +52,12 @@ def test_fifty_sessions_through_two_replicas_match_the_simulator(tmp_path):
     within 0.05. Serving adds what the simulator leaves out: HTTP hops (about 1 ms
     each, twice per remote round), Python scheduling jitter on 2 shared cores
     (several ms), bucketed Redis windows (1 s buckets), and two replicas routing
-    concurrently; each moves a session near its threshold across it. Measured
-    here: 0.86 vs 0.86 attainment, 9.1 % vs 9.6 % local (one replica, time scale 1)."""
+    concurrently; each moves a session near its threshold across it. The same
+    inputs flip a round's placement (local or remote) only near Algorithm 1's
+    thresholds, so at least 85 % of rounds must be placed as the simulator placed
+    them. Measured here: attainment 0.86 vs 0.86, local 9.1 % vs 9.6 % (one replica,
+    time scale 1); two replicas at time scale 0.5 under load: 0.82 vs 0.86, 10.0 %
+    vs 9.6 %, 96 % of rounds placed alike."""
     config = serving(BASE, time_scale=0.5)
     sim = simulate(config)
     with LocalCluster(config, tmp_path, coordinators=2) as cluster:
@@ -71,6 +75,12 @@ def test_fifty_sessions_through_two_replicas_match_the_simulator(tmp_path):
     assert len(per_round) == sum(len(s.rounds) for s in sessions.values()) and set(per_round.values()) == {1}
     assert sorted(d["session_id"] for d in binds) == sorted(sessions)
     summary = summarize(records, sim.slo.ttft_s, sim.slo.itl_s)
+    simulated = {(r.session_id, r.round_index): r.local for s in sim.result.sessions for r in s.rounds}
+    served = {(r.session_id, r.round_index): r.local for s in records for r in s.rounds}
+    same = sum(simulated[k] == served[k] for k in simulated) / len(simulated)
+    print(f"parity: attainment {summary.slo_attainment:.3f} vs {sim.summary.slo_attainment:.3f}, local share "
+          f"{summary.local_prefill_share:.3f} vs {sim.summary.local_prefill_share:.3f}, same placement {same:.3f}")
+    assert same >= 0.85
     assert summary.slo_attainment == pytest.approx(sim.summary.slo_attainment, abs=0.10)
     assert summary.local_prefill_share == pytest.approx(sim.summary.local_prefill_share, abs=0.05)
 
