@@ -10,12 +10,18 @@ import json
 import os
 import random
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from ampd.config import EngineWorker, RunConfig, ServeConfig
+from ampd.cli.replay import wait_until_ready
+from ampd.config import EngineWorker, RunConfig, ServeConfig, load_config, override
+from ampd.experiment import sessions_for
+from ampd.metrics.report import write_json
+from ampd.serve.clock import ScaledClock
+from ampd.serve.replay import replay_sync
 from ampd.serve.app import create_app
 from ampd.serve.build import build_coordinator
 from ampd.serve.vllm_launch import ExampleConnector, ServerSpec, start_server, stop_server, wait_ready
@@ -122,3 +128,30 @@ def test_two_rounds_through_pd_servers_match_a_single_server(vllm, system, place
     outputs, got_placements = asyncio.run(_through_coordinator(vllm, system, f"s-{system}", first, second_new))
     assert got_placements == placements
     assert outputs == expected
+
+
+def test_the_documented_cpu_replay_serves_every_session(vllm, tmp_path):
+    """configs/serve_vllm_cpu.toml's sessions (multi-round, up to ~2.4k tokens of
+    context) through an `ampd serve` process over the real prefill and decode
+    servers: every session completes every round with all its tokens."""
+    config, _ = load_config(ROOT / "configs" / "serve_vllm_cpu.toml")
+    port = free_port()
+    config = override(config, serve={"port": port, "redis_port": 0, "workers": [
+        {"url": vllm["prefill"], "role": "prefill"}, {"url": vllm["decode"], "role": "decode"}]})
+    path = tmp_path / "config.json"
+    write_json(path, config.model_dump(mode="json"))
+    coordinator = subprocess.Popen([sys.executable, "-m", "ampd.cli.main", "serve", "--config", str(path)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_ready(url, 60)
+        sessions = sessions_for(config)
+        result = replay_sync(url, sessions, model=MODEL_NAME, clock=ScaledClock(1.0), ttft_slo_s=config.slo.ttft_s,
+                             itl_slo_s=config.slo.itl_s, vocab_size=2048, timeout_s=120)
+    finally:
+        coordinator.terminate()
+        coordinator.wait(timeout=30)
+    assert result.failed == []
+    for session, record in zip(sessions, result.sessions, strict=True):
+        assert record.complete and [len(r.itls_s) + 1 for r in record.rounds] == [r.output_tokens for r in
+                                                                                   session.rounds]

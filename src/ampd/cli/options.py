@@ -42,7 +42,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="GPU type, e.g. H20")
     p.add_argument("--gpus", type=int, help="GPUs in the cluster")
     p.add_argument("--deployment", help="e.g. 'P:<TP=2,DP=2> D:<TP=4,DP=1>', or auto (default: the planner's)")
-    p.add_argument("--num-sessions", type=int, help="sessions to simulate")
+    p.add_argument("--num-sessions", type=int, help="sessions to run (simulate, replay)")
     p.add_argument("--arrivals", choices=["poisson", "recorded"], help="arrival process for traces")
     p.add_argument("--trace-format", help="format of a trace file (default: guessed): ampd, trtllm, mooncake, "
                                           "tracelab, session-delay")

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+
+import httpx
 
 from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_float, positive_int
 from ampd.cli.tables import print_table, summary_table
 from ampd.config import override
+from ampd.core.errors import InputError
 from ampd.experiment import perf_model_for, sessions_for, slo_for
 from ampd.metrics.report import round_rows, write_csv, write_json
 from ampd.serve.clock import ScaledClock
@@ -35,7 +39,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"prompt token ids are drawn from [0, vocab size) (default {DEFAULT_VOCAB_SIZE})")
     parser.add_argument("--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S,
                         help=f"fail a round after this many wall seconds without reply (default {DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--wait-s", type=positive_float, default=180.0,
+                        help="wait this long (wall seconds) for the server's /health before replaying (default 180: "
+                             "a cluster `ampd up` is still starting)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def wait_until_ready(url: str, wait_s: float) -> None:
+    """Return once ``GET {url}/health`` answers 200.
+
+    Raises:
+        InputError: nothing answered within ``wait_s`` wall seconds (names the URL).
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise InputError(f"no server answered at {url}/health within {wait_s:g} s "
+                             "(is `ampd up` or `ampd serve` running there?)")
+        time.sleep(0.5)
 
 
 def run_from_args(args: argparse.Namespace) -> ReplayResult:
@@ -60,10 +86,11 @@ def run_from_args(args: argparse.Namespace) -> ReplayResult:
     model = args.served_model or config.serve.served_model or config.cluster.model
     args.url = args.url or f"http://{config.serve.host}:{config.serve.port}"
     args.time_scale = args.time_scale or config.serve.time_scale
+    wait_until_ready(args.url, args.wait_s)
     result = replay_sync(args.url, sessions, model=model, clock=ScaledClock(args.time_scale), ttft_slo_s=slo.ttft_s,
                          itl_slo_s=slo.itl_s, scope=config.slo.scope, vocab_size=args.vocab_size, seed=config.seed,
                          timeout_s=args.timeout_s, progress=not args.quiet)
-    row = {"system": "replay", "workload": config.workload.label, "rate_per_s": config.workload.rate_per_s,
+    row = {"system": config.system, "workload": config.workload.label, "rate_per_s": config.workload.rate_per_s,
            **result.summary.to_dict()}
     print_table(summary_table(f"replay against {args.url} ({model}, time scale {args.time_scale:g}); "
                               f"SLO TTFT {slo.ttft_s:.2f} s, ITL {1000 * slo.itl_s:.0f} ms "

@@ -135,7 +135,7 @@ class ServerSpec:
     served_model_name: str | None = None
     kv_cache_gib: int = 1
     omp_threads: int = 1
-    max_model_len: int = 2048
+    max_model_len: int = 4096
     block_size: int = 32
     dtype: str = "float32"
     extra_args: tuple[str, ...] = ()
@@ -295,7 +295,8 @@ def server_command(config: RunConfig, role: Role, port: int, log_dir: Path) -> t
                          "tools/tiny_model.py writes a small one)")
     connector = None if role == "single" else ExampleConnector(Path(log_dir) / "kv-store")
     spec = ServerSpec(role=role, python=Path(serve.vllm_python), model_dir=Path(serve.vllm_model), port=port,
-                      connector=connector, served_model_name=serve.served_model or config.cluster.model)
+                      connector=connector, served_model_name=serve.served_model or config.cluster.model,
+                      max_model_len=serve.vllm_max_model_len)
     if connector is not None:
         Path(connector.storage_path).mkdir(parents=True, exist_ok=True)
     return server_argv(spec), server_env(spec)
