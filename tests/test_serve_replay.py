@@ -83,6 +83,10 @@ async def _stream(engine: FakeEngine, max_tokens: int, fault: str | None):
 def make_app(engine: FakeEngine) -> FastAPI:
     app = FastAPI()
 
+    @app.get("/health")
+    async def health() -> dict:
+        return {}
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await request.json()
