@@ -3,14 +3,18 @@ Redis at start, and `ampd up` starting a cluster and stopping every part of it."
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import httpx
+import pytest
 
 from ampd.cli.main import main
-from ampd.serve.up import free_port_block
+from ampd.config import load_config, override
+from ampd.core.errors import InputError
+from ampd.serve.up import LocalCluster, free_port_block
 
 CONFIG = """
 system = "pd-disagg"
@@ -81,3 +85,14 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_up_refuses_clashing_or_busy_ports_before_starting_anything(tmp_path):
+    path, port = write_config(tmp_path)
+    config, _ = load_config(path)
+    with pytest.raises(InputError, match="ports clash: coordinator 0 .* and engine 0"):
+        LocalCluster(override(config, serve={"base_port": port}), tmp_path).start()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port + 3))  # engine 1's port
+        with pytest.raises(InputError, match=rf"already in use: {port + 3} \(engine 1"):
+            LocalCluster(config, tmp_path).start()

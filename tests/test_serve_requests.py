@@ -43,6 +43,11 @@ SID = {"X-Session-Id": "s1"}
     ({"prompt": [1, 2], "max_tokens": "9"}, SID, "max_tokens"),
     ({"prompt": [1, 2], "max_tokens": 2, "stream": "yes"}, SID, "stream"),
     ({"prompt": [1, 2], "max_tokens": 2, "n": 3}, SID, "n"),
+    ({"prompt": [1, 2], "max_tokens": 2, "n": 1.0}, SID, "n"),
+    ({"prompt": [1, 2], "max_tokens": 2, "stream": True, "stream_options": "yes"}, SID, "stream_options"),
+    ({"prompt": [1, 2], "max_tokens": 2, "session_id": "evil\nx"}, {}, "control characters"),
+    ({"prompt": [1, 2], "max_tokens": 2, "session_id": "nul\u0000"}, {}, "control characters"),
+    ({"prompt": [1, 2], "max_tokens": 9_000_000}, SID, "largest decode engine holds"),
 ])
 def test_bad_completion_requests_are_400_naming_the_field(body, headers, field):
     reply = post(body, headers)
@@ -55,9 +60,17 @@ def test_body_that_is_not_json_is_400():
     assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]["message"]
 
 
-def test_bad_chat_messages_are_400():
-    reply = post({"messages": "hello"}, SID, path="/v1/chat/completions")
+@pytest.mark.parametrize("messages", ["hello", [], [{"role": "user"}], [{"role": "user", "content": 3}]])
+def test_bad_chat_messages_are_400(messages):
+    reply = post({"messages": messages}, SID, path="/v1/chat/completions")
     assert reply.status_code == 400 and "messages" in reply.json()["error"]["message"]
+
+
+def test_a_decode_engine_too_small_for_the_model_is_an_input_error():
+    tiny = ServeConfig(workers=[EngineWorker(url="http://h:1", role="prefill", tp=4),
+                                EngineWorker(url="http://h:2", role="decode", tp=1)])
+    with pytest.raises(InputError, match=r"serve.workers\[1\] \(http://h:2\): Llama-3.1-70B does not fit in 1 x H20"):
+        build_coordinator(RunConfig(serve=tiny), "x")
 
 
 def test_config_without_engines_or_decode_is_an_input_error():
@@ -66,6 +79,6 @@ def test_config_without_engines_or_decode_is_an_input_error():
     only_prefill = ServeConfig(workers=[EngineWorker(url="http://h:1", role="prefill")])
     with pytest.raises(InputError, match="decode engine"):
         build_coordinator(RunConfig(serve=only_prefill), "x")
-    only_decode = ServeConfig(workers=[EngineWorker(url="http://h:1", role="decode")])
+    only_decode = ServeConfig(workers=[EngineWorker(url="http://h:1", role="decode", tp=4)])
     with pytest.raises(InputError, match="needs a prefill engine"):
         build_coordinator(RunConfig(system="pd-disagg", serve=only_decode), "x")

@@ -11,7 +11,7 @@ from ampd.core.task import PrefillTask
 from ampd.core.view import QueuedTask
 from ampd.serve.memory_store import MemoryStore
 from ampd.serve.redis_store import RedisStore
-from ampd.serve.store import QueueEntry, SessionState, StoreUnavailable, WorkerInfo
+from ampd.serve.store import BOUND, FULL, TAKEN, QueueEntry, SessionState, StoreUnavailable, WorkerInfo
 
 _prefixes = itertools.count()
 WORKERS = [WorkerInfo(WorkerSpec(0, Role.PREFILL, 2, 0), "http://127.0.0.1:9000", "mock"),
@@ -53,8 +53,10 @@ def test_registry_round_trip_and_liveness(make_store):
 def test_binding_reserves_and_frees_kv(make_store):
     async def go():
         store = make_store()
-        assert await store.bind_session("s", SessionState(1, 0, 300, 0, 1.0))
-        assert not await store.bind_session("s", SessionState(0, 0, 999, 0, 1.0))  # first binder wins
+        assert await store.bind_session("s", SessionState(1, 0, 300, 0, 1.0), 1000) == BOUND
+        assert await store.bind_session("s", SessionState(0, 0, 999, 0, 1.0), 1000) == TAKEN  # first binder wins
+        assert await store.bind_session("t", SessionState(1, 0, 701, 0, 1.0), 1000) == FULL  # 300 + 701 > 1000
+        assert await store.get_session("t") is None
         state = await store.get_session("s")
         assert state == SessionState(1, 0, 300, 0, 1.0)
         grown = SessionState(1, 300, 700, 1, 2.0)
@@ -151,11 +153,39 @@ def test_unreachable_redis_is_a_clear_error():
 def test_idle_sessions_expire_and_free_their_kv(make_store):
     async def go():
         store = make_store()
-        await store.bind_session("old", SessionState(1, 0, 300, 1, 5.0))
-        await store.bind_session("new", SessionState(1, 0, 200, 1, 50.0))
+        await store.bind_session("old", SessionState(1, 0, 300, 1, 5.0), 1000)
+        await store.bind_session("new", SessionState(1, 0, 200, 1, 50.0), 1000)
         assert await store.expire_sessions(10.0) == ["old"]
         assert await store.get_session("old") is None and await store.get_session("new") is not None
         assert (await store.snapshot([1], 60.0))[0].kv_used_tokens == 200
         assert await store.expire_sessions(10.0) == []
         await store.close()
     run(go())
+
+
+def test_a_coordinator_drops_in_flight_entries_nobody_owns():
+    """A replica that died with a prefill in flight leaves its entry (and the
+    engine slot it counts in); another replica's sweep drops it once it is older
+    than twice the longest wait (here 2 x 30 s), and keeps a fresh one."""
+    from ampd.config import EngineWorker, RunConfig, ServeConfig
+    from ampd.serve.build import build_coordinator
+
+    config = RunConfig(cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2,
+                                "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
+                       workload={"name": "toolbench", "num_sessions": 5},
+                       serve=ServeConfig(kv_timeout_s=30, stream_idle_timeout_s=30, workers=[
+                           EngineWorker(url="http://127.0.0.1:9", role="prefill"),
+                           EngineWorker(url="http://127.0.0.1:9", role="decode")]))
+    coordinator = build_coordinator(config, "survivor")
+
+    async def go():
+        now_s = coordinator.clock.now_s()
+        old, fresh = entry("dead-owner"), entry("live-owner")
+        old = QueueEntry(old.queued, "gone", now_s - 61.0)
+        fresh = QueueEntry(fresh.queued, "alive", now_s - 59.0)
+        await coordinator.store.add_inflight(0, old)
+        await coordinator.store.add_inflight(0, fresh)
+        await coordinator._drop_stale_inflight()
+        [state] = await coordinator.store.snapshot([0], now_s)
+        return [e.key for e in state.inflight]
+    assert run(go()) == ["live-owner#0"]

@@ -127,7 +127,7 @@ class ServeConfig(_Strict):
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    redis_url: str = ""
+    redis_url: str = Field("", pattern=r"^$|^(redis|rediss|unix)://", description="empty: in-memory store")
     engine: Literal["mock", "vllm"] = "mock"
     served_model: str = Field("", description="model name sent to the engines; empty: cluster.model")
     time_scale: float = Field(1.0, gt=0, le=1000)

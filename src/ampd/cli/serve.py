@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sys
 import threading
 
 import uvicorn
@@ -72,7 +73,10 @@ def cmd_up(args: argparse.Namespace) -> None:
         print(f"cluster up: {c.cluster.deployment} ({c.serve.engine} engines), system {c.system}, store "
               f"{c.serve.redis_url or 'in-memory'}; coordinators: {', '.join(cluster.urls)}; logs in "
               f"{args.log_dir}/. Ctrl-C stops everything.", flush=True)
-        stop.wait()
+        while not stop.wait(1.0):
+            for child in cluster.exited():
+                print(f"ampd up: {child.name} exited (code {child.process.returncode}); see {child.log_path}",
+                      file=sys.stderr, flush=True)
     print("cluster stopped", flush=True)
 
 

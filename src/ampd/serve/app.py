@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ampd.core.deployment import Role
 from ampd.serve.coordinator import Coordinator
 from ampd.serve.engine_client import Chunk, EngineError
-from ampd.serve.requests import check_common, prompt_ids, round_request
+from ampd.serve.requests import check_common, check_messages, prompt_ids, round_request
 from ampd.serve.rounds import RoundTrace, ServeError
 
 
@@ -53,9 +53,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def chat_completions(request: Request):
         body = await _json_body(request)
         stream = check_common(body)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise ServeError(400, "messages: must be a non-empty list of {role, content} objects")
+        messages = check_messages(body.get("messages"))
         ids = await _tokenize(coordinator, {"messages": messages, "add_generation_prompt": True})
         return await _serve(coordinator, round_request(body, request.headers, ids), stream, body, chat=True)
 
@@ -74,7 +72,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     @app.get("/ampd/decisions")
     async def decisions(kind: str | None = None, limit: int = 1000):
         rows = list(coordinator.decisions.entries) if kind is None else coordinator.decisions.of_kind(kind)
-        return rows[-limit:]
+        return rows[-max(1, limit):]
 
     @app.get("/v1/models")
     async def models():

@@ -37,6 +37,11 @@ def engine_workers(config: RunConfig) -> list[WorkerInfo]:
     workers = [WorkerInfo(WorkerSpec(i, _ROLES[w.role], w.tp, w.server), w.url.rstrip("/"), config.serve.engine)
                for i, w in enumerate(entries)]
     system = get_system(config.system)
+    perf = perf_model_for(config)
+    for w in workers:
+        if w.spec.role is Role.DECODE and perf.kv_capacity_tokens(w.spec.tp) <= 0:
+            raise InputError(f"serve.workers[{w.spec.worker_id}] ({w.url}): {config.cluster.model} does not fit "
+                             f"in {w.spec.tp} x {config.cluster.gpu} with room for KV cache; give it a larger tp")
     roles = {w.spec.role for w in workers}
     if Role.DECODE not in roles:
         raise InputError("serve.workers: at least one decode engine is needed (it holds the sessions' KV)")

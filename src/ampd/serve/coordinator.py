@@ -36,12 +36,16 @@ from ampd.serve.dispatch import PrefillDispatcher
 from ampd.serve.engine_client import PREFILL_SLOTS, READS_HISTORY, Chunk, EngineClient, EngineError
 from ampd.serve.prom import ServeMetrics
 from ampd.serve.rounds import LiveRound, RoundRequest, RoundTrace, ServeError
-from ampd.serve.store import QueueEntry, SessionState, StateStore, StoreUnavailable, WorkerInfo
+from ampd.serve.store import BOUND, TAKEN, QueueEntry, SessionState, StateStore, StoreUnavailable, WorkerInfo
 from ampd.serve.view_builder import cluster_view
 
 log = logging.getLogger(__name__)
 
 ADMISSION_POLL_S = 0.05  # model seconds between two looks for KV room
+# [our choice] A health check that fails this many times in a row marks an engine dead: one
+# slow answer from a starved but live engine does not (a refused connection mid-round still
+# marks it at once).
+HEALTH_FAILURES_TO_DEAD = 3
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,9 @@ class Coordinator:
         self.dispatcher = PrefillDispatcher(store, self.engines, queue_policy, clock, options.replica_id, prefill,
                                             slots, options.kv_timeout_s, self.mark_dead)
         self._dead: set[int] = set()
+        self._active: set[str] = set()  # sessions with a round in progress on this replica
+        self._health_failures: dict[int, int] = {}
+        self.largest_kv_tokens = max(perf.kv_capacity_tokens(w.spec.tp) for w in workers if w.spec.role is Role.DECODE)
         self._pending: dict[str, asyncio.Future] = {}
         self._bindings: dict[str, int] = {}  # replica-local mirror, for degraded service
         self._itl: dict[int, list[float]] = {}
@@ -147,6 +154,13 @@ class Coordinator:
             ServeError: nothing could serve it (503: no KV room or no decode
                 engine alive; 502: an engine refused it).
         """
+        need_tokens = len(request.prompt) + request.max_tokens
+        if need_tokens > self.largest_kv_tokens:
+            raise ServeError(400, f"prompt + max_tokens = {need_tokens} tokens of KV; the largest decode engine "
+                                  f"holds {self.largest_kv_tokens}")
+        if request.session_id in self._active:
+            raise ServeError(409, f"session {request.session_id}: a round is already in progress; send the next "
+                                  "round after this one's last token")
         trace = RoundTrace(request.session_id)
         chunks = self._round(request, trace)
         try:
@@ -156,27 +170,33 @@ class Coordinator:
         return trace, _prepend(first, chunks)
 
     async def _round(self, request: RoundRequest, trace: RoundTrace) -> AsyncIterator[Chunk]:
+        self._active.add(request.session_id)
         try:
-            live = await self._prepare(request, trace)
-        except StoreUnavailable as err:
-            self._store_failed(err)
-            live = self._prepare_degraded(request, trace)
-        async for chunk in self._deliver(live):
-            yield chunk
-        await self._finish(live)
+            try:
+                live = await self._prepare(request, trace)
+            except StoreUnavailable as err:
+                self._store_failed(err)
+                live = self._prepare_degraded(request, trace)
+            async for chunk in self._deliver(live):
+                yield chunk
+            await self._finish(live)
+        finally:
+            self._active.discard(request.session_id)
 
     async def _prepare(self, request: RoundRequest, trace: RoundTrace) -> LiveRound:
         now_s = self.clock.now_s()
         trace.ready_s = now_s
         state = await self._session(request, now_s)
-        prompt_tokens = len(request.prompt)
-        hist_tokens = min(state.held_tokens, prompt_tokens - 1)
-        task = PrefillTask(request.session_id, state.num_rounds - 1, hist_tokens, prompt_tokens - hist_tokens, now_s,
-                           state.decode_worker)
+        started = time.perf_counter()
+        view = await self.view(self.routing_ids(state.decode_worker))
+        if state.decode_worker not in {w.worker_id for w in view.workers}:  # dead in the store, not yet here
+            self._dead.add(state.decode_worker)
+            state = await self._rebind(request.session_id, state, len(request.prompt) + request.max_tokens)
+            self._bindings[request.session_id] = state.decode_worker
+            view = await self.view(self.routing_ids(state.decode_worker))
+        task = _task(request, state, now_s)
         trace.round_index, trace.decode_worker = task.round_index, task.decode_worker
         live = LiveRound(request, task, trace, state)
-        started = time.perf_counter()
-        view = await self.view(self.routing_ids(task.decode_worker))
         decision = self._route(task, view)
         self.metrics.decision.observe(time.perf_counter() - started)
         self.decisions.add("route", decision, replica=self.options.replica_id)
@@ -214,7 +234,7 @@ class Coordinator:
         need_tokens = len(request.prompt) + request.max_tokens
         state = await self.store.get_session(request.session_id)
         if state is None:
-            state = await self._bind(request.session_id, need_tokens, now_s)
+            state = await self._bind(request.session_id, need_tokens, now_s, self._bindings.get(request.session_id))
         elif state.decode_worker in self._dead:
             state = await self._rebind(request.session_id, state, need_tokens)
         started = dataclasses.replace(state, reserved_tokens=max(state.reserved_tokens, need_tokens),
@@ -237,12 +257,27 @@ class Coordinator:
                                       f"{need_tokens} tokens after {self.options.admission_timeout_s:g} s")
             await self.clock.sleep(ADMISSION_POLL_S)
 
-    async def _bind(self, session_id: str, need_tokens: int, now_s: float) -> SessionState:
-        worker_id = await self._choose_decode(session_id, need_tokens)
-        state = SessionState(worker_id, 0, need_tokens, 0, now_s)
-        if await self.store.bind_session(session_id, state):
-            return state
-        return await self.store.get_session(session_id) or state  # another replica bound it first
+    async def _bind(self, session_id: str, need_tokens: int, now_s: float, known: int | None = None) -> SessionState:
+        """Bind a new session; a worker that filled up since it was chosen (another
+        replica bound a session there meanwhile) is chosen again, not overcommitted.
+        ``known``: the decode worker this replica last saw the session on (the
+        store lost it, e.g. Redis restarted empty): tried first, since its prefix
+        cache may still hold the history."""
+        while True:
+            if known is not None and known not in self._dead:
+                worker_id, known = known, None
+                self.decisions.add("rebind", {"session_id": session_id, "from_worker": None, "worker_id": worker_id,
+                                              "reason": "binding missing from the store"},
+                                   replica=self.options.replica_id)
+            else:
+                worker_id = await self._choose_decode(session_id, need_tokens)
+            state = SessionState(worker_id, 0, need_tokens, 0, now_s)
+            capacity_tokens = self.perf.kv_capacity_tokens(self.workers[worker_id].spec.tp)
+            outcome = await self.store.bind_session(session_id, state, capacity_tokens)
+            if outcome == BOUND:
+                return state
+            if outcome == TAKEN:
+                return await self.store.get_session(session_id) or state
 
     async def _rebind(self, session_id: str, state: SessionState, need_tokens: int) -> SessionState:
         """Move a session off a dead decode worker; its history is recomputed."""
@@ -376,7 +411,8 @@ class Coordinator:
             self._fallback(live, "kv-load-failed", err.message)
             return
         if not err.engine_down:
-            raise ServeError(502, str(err))
+            client_error = err.status is not None and 400 <= err.status < 500
+            raise ServeError(err.status if client_error else 502, str(err))
         await self.mark_dead(live.trace.decode_worker)
         need_tokens = len(live.request.prompt) + live.request.max_tokens
         try:
@@ -446,21 +482,40 @@ class Coordinator:
         while True:
             for worker_id, info in self.workers.items():
                 up = await self.engines.health(info.url)
+                failures = self._health_failures[worker_id] = 0 if up else self._health_failures.get(worker_id, 0) + 1
                 self.metrics.worker_up.labels(str(worker_id)).set(int(up))
                 if up and worker_id in self._dead:
                     self._dead.discard(worker_id)
                     await self._store_call(self.store.set_alive(worker_id, True))
-                elif not up and worker_id not in self._dead:
+                elif failures >= HEALTH_FAILURES_TO_DEAD and worker_id not in self._dead:
                     await self.mark_dead(worker_id)
             await asyncio.sleep(self.options.health_interval_s)
 
     async def _sweep_loop(self) -> None:
-        """Look at every prefill queue now and then: covers a replica that died
-        while holding a queue's lease."""
+        """Now and then: drop in-flight entries nobody will finish, and look at
+        every prefill queue. Both cover a replica that died (holding a queue's
+        lease, or with prefills in flight whose slots would stay taken)."""
         while True:
             await asyncio.sleep(0.5)
+            await self._drop_stale_inflight()
             for worker_id in self.dispatcher.workers:
                 await self.dispatcher.kick(worker_id)
+
+    async def _drop_stale_inflight(self) -> None:
+        """An in-flight entry older than twice the longest wait any replica allows
+        (``kv_timeout_s``, ``stream_idle_timeout_s``) has no owner waiting for it."""
+        now_s = self.clock.now_s()
+        stale_s = 2 * max(self.options.kv_timeout_s, self.options.stream_idle_timeout_s)
+        try:
+            for state in await self.store.snapshot(sorted(self.workers), now_s):
+                for entry in state.inflight:
+                    since_s = entry.dispatch_s if entry.dispatch_s is not None else entry.queued.enqueue_s
+                    if now_s - since_s > stale_s:
+                        await self.store.remove_inflight(state.worker_id, entry.key)
+                        self.decisions.add("stale", {"worker_id": state.worker_id, "task": entry.key},
+                                           replica=self.options.replica_id)
+        except StoreUnavailable as err:
+            self._store_failed(err)
 
     async def _flush_loop(self) -> None:
         """Write the ITL samples gathered since the last flush (one store call per
@@ -499,7 +554,18 @@ class Coordinator:
         log.warning("shared store unavailable, serving degraded: %s", err)
 
 
+def _task(request: RoundRequest, state: SessionState, now_s: float) -> PrefillTask:
+    """The round's prefill: what the decode worker holds of the prompt is history."""
+    prompt_tokens = len(request.prompt)
+    hist_tokens = min(state.held_tokens, prompt_tokens - 1)
+    return PrefillTask(request.session_id, state.num_rounds - 1, hist_tokens, prompt_tokens - hist_tokens, now_s,
+                       state.decode_worker)
+
+
 async def _prepend(first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-    yield first
-    async for chunk in rest:
-        yield chunk
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:  # a client that leaves closes the round too (its session is free again)
+        await rest.aclose()

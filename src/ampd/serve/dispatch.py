@@ -115,6 +115,9 @@ class PrefillDispatcher:
             message.update(ok=False, error=str(err), reason=err.reason)
             if err.engine_down:
                 await self.on_engine_down(worker_id)
+        except Exception as err:  # never leave the slot taken: the owner recomputes locally
+            log.exception("prefill %s on worker %d failed", entry.key, worker_id)
+            message.update(ok=False, error=f"{type(err).__name__}: {err}", reason="error")
         try:
             await self.store.remove_inflight(worker_id, entry.key)
             await self.store.publish(entry.owner, message)

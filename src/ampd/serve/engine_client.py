@@ -4,6 +4,7 @@ OpenAI-compatible subset: docs/SERVING.md, "Engine API")."""
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -22,7 +23,8 @@ class EngineError(Exception):
         url: the engine.
         reason: ``"connect"`` (unreachable: presumed dead), ``"timeout"``,
             ``"status"`` (it answered with an error), ``"broken"`` (the stream
-            broke off or was malformed).
+            broke off or was malformed), ``"request"`` (the request could not
+            be sent as given: not the engine's fault).
         status: the HTTP status for ``"status"``.
     """
 
@@ -96,6 +98,8 @@ class EngineClient:
             reply = await self._http.post(f"{url}{path}", json=payload, headers=headers, timeout=timeout_s)
         except httpx.TimeoutException as err:
             raise EngineError(url, "timeout", f"no reply within {timeout_s:.3g} s") from err
+        except httpx.LocalProtocolError as err:
+            raise EngineError(url, "request", str(err) or type(err).__name__) from err
         except httpx.HTTPError as err:
             raise EngineError(url, "connect", str(err) or type(err).__name__) from err
         if reply.status_code >= 400:
@@ -116,6 +120,8 @@ class EngineClient:
                                            timeout=self._stream_timeout)
         try:
             reply = await self._http.send(request, stream=True)
+        except httpx.LocalProtocolError as err:
+            raise EngineError(url, "request", str(err) or type(err).__name__) from err
         except httpx.HTTPError as err:
             raise EngineError(url, "connect", str(err) or type(err).__name__) from err
         try:
@@ -148,7 +154,8 @@ async def _events(url: str, reply: httpx.Response) -> AsyncIterator[Chunk]:
 
 
 def _headers(session_id: str) -> dict[str, str]:
-    return {"X-Session-Id": session_id}
+    """Percent-encoded: HTTP headers carry ASCII only, session ids may be any text."""
+    return {"X-Session-Id": quote(session_id, safe="")}
 
 
 def _error_message(text: str) -> str:

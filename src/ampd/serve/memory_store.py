@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from ampd.core.view import QueuedTask
 from ampd.policy.window import SlidingWindowMean
-from ampd.serve.store import QueueEntry, ResultHandler, SessionState, WorkerInfo, WorkerState
+from ampd.serve.store import BOUND, FULL, TAKEN, QueueEntry, ResultHandler, SessionState, WorkerInfo, WorkerState
 
 
 class MemoryStore:
@@ -64,12 +64,14 @@ class MemoryStore:
     async def get_session(self, session_id: str) -> SessionState | None:
         return self._sessions.get(session_id)
 
-    async def bind_session(self, session_id: str, state: SessionState) -> bool:
+    async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int) -> str:
         if session_id in self._sessions:
-            return False
+            return TAKEN
+        if self._kv_used[state.decode_worker] + state.reserved_tokens > capacity_tokens:
+            return FULL
         self._sessions[session_id] = state
         self._kv_used[state.decode_worker] += state.reserved_tokens
-        return True
+        return BOUND
 
     async def update_session(self, session_id: str, old: SessionState, new: SessionState) -> None:
         self._kv_used[old.decode_worker] -= old.reserved_tokens

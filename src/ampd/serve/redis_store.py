@@ -75,13 +75,13 @@ end
 return '[' .. table.concat(parts, ',') .. ']'
 """
 
-# KEYS: session, worker hash; ARGV: state JSON, reserved tokens
+# KEYS: session, worker hash; ARGV: state JSON, reserved tokens, the worker's capacity
 _BIND = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX') then
-  redis.call('HINCRBY', KEYS[2], 'kv', ARGV[2])
-  return 1
-end
-return 0
+if redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
+if tonumber(redis.call('HGET', KEYS[2], 'kv') or '0') + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return 'full' end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('HINCRBY', KEYS[2], 'kv', ARGV[2])
+return 'bound'
 """
 
 # ARGV: prefix, and optionally a time: end only a session idle since before it
@@ -209,9 +209,9 @@ class RedisStore:
         text = await self._run(self._redis.get(self._k("session", session_id)))
         return SessionState.from_json(text) if text else None
 
-    async def bind_session(self, session_id: str, state: SessionState) -> bool:
+    async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int) -> str:
         keys = [self._k("session", session_id), self._k("w", state.decode_worker)]
-        return bool(await self._script("bind", keys, [state.to_json(), state.reserved_tokens]))
+        return await self._script("bind", keys, [state.to_json(), state.reserved_tokens, capacity_tokens])
 
     async def update_session(self, session_id: str, old: SessionState, new: SessionState) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:

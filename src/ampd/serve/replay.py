@@ -87,17 +87,20 @@ def new_token_ids(rng: random.Random, num_tokens: int, vocab_size: int) -> list[
     return [rng.randrange(vocab_size) for _ in range(num_tokens)]
 
 
-def request_body(model: str, prompt: list[int], max_tokens: int) -> dict:
-    """The streaming completion request of one round (docs/SERVING.md, Engine API):
-    greedy, exactly ``max_tokens`` output tokens, token ids in every chunk."""
+def request_body(model: str, prompt: list[int], max_tokens: int, session_id: str) -> dict:
+    """The streaming completion request of one round (docs/SERVING.md, API):
+    greedy, exactly ``max_tokens`` output tokens, token ids in every chunk, the
+    session named in the body too (ids that cannot be a header value)."""
     return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True, "stream": True, "stream_options": {"include_usage": True}}
+            "return_token_ids": True, "stream": True, "stream_options": {"include_usage": True},
+            "session_id": session_id}
 
 
 def request_headers(session_id: str, last_round: bool) -> dict[str, str]:
-    """``X-Session-Id`` always; ``X-Session-Last-Round: true`` on a session's last
-    round, so the coordinator can free the session's binding afterwards."""
-    headers = {SESSION_ID_HEADER: session_id}
+    """``X-Session-Id`` when the id can be a header value (printable ASCII; the
+    body's ``session_id`` carries it anyway); ``X-Session-Last-Round: true`` on a
+    session's last round, so the coordinator can free the session's binding."""
+    headers = {SESSION_ID_HEADER: session_id} if session_id.isascii() and session_id.isprintable() else {}
     if last_round:
         headers[LAST_ROUND_HEADER] = "true"
     return headers
@@ -258,7 +261,7 @@ class _Replayer:
                 connection, a malformed stream, or an output whose length is not
                 ``record.output_tokens``.
         """
-        body = request_body(self.model, prompt, record.output_tokens)
+        body = request_body(self.model, prompt, record.output_tokens, record.session_id)
         headers = request_headers(record.session_id, last_round)
         try:
             async with client.stream("POST", self.url, json=body, headers=headers) as response:

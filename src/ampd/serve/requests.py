@@ -34,6 +34,8 @@ def session_id_of(body: Mapping, headers: Mapping[str, str]) -> str:
         raise _bad("missing session id: send an X-Session-Id header or a session_id field")
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_SESSION_ID_CHARS:
         raise _bad(f"session_id: must be a non-empty string of at most {MAX_SESSION_ID_CHARS} characters")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise _bad("session_id: control characters (CR, LF, NUL, ...) are not allowed")
     return value
 
 
@@ -73,9 +75,28 @@ def check_common(body: Mapping) -> bool:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad(f"stream: must be true or false, got {stream!r}")
-    if body.get("n", 1) != 1:
-        raise _bad("n: only n = 1 is supported (one sequence per round)")
+    n = body.get("n", 1)
+    if type(n) is not int or n != 1:
+        raise _bad(f"n: only n = 1 is supported (one sequence per round), got {n!r}")
+    options = body.get("stream_options")
+    if options is not None and not (isinstance(options, dict) and isinstance(options.get("include_usage", False), bool)):
+        raise _bad(f"stream_options: must be an object like {{\"include_usage\": true}}, got {options!r}")
     return stream
+
+
+def check_messages(value: object) -> list[dict]:
+    """Chat ``messages``: a non-empty list of ``{"role": str, "content": str}``.
+
+    Raises:
+        ServeError: 400 naming the first bad message.
+    """
+    if not isinstance(value, list) or not value:
+        raise _bad("messages: must be a non-empty list of {role, content} objects")
+    for i, message in enumerate(value):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise _bad(f"messages[{i}]: must be an object with string role and content")
+    return value
 
 
 def round_request(body: Mapping, headers: Mapping[str, str], prompt: tuple[int, ...]) -> RoundRequest:

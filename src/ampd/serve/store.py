@@ -88,6 +88,9 @@ class QueueEntry:
         return cls(QueuedTask(task, enq_s, cost_s, postponements), owner, dispatch_s)
 
 
+BOUND, TAKEN, FULL = "bound", "taken", "full"
+
+
 def task_key(session_id: str, round_index: int) -> str:
     """The key of a round's prefill task."""
     return f"{session_id}#{round_index}"
@@ -169,9 +172,11 @@ class StateStore(Protocol):
     async def get_session(self, session_id: str) -> SessionState | None:
         """The session's binding, or None when unbound."""
 
-    async def bind_session(self, session_id: str, state: SessionState) -> bool:
-        """Bind a new session and reserve its tokens on its worker; False (and no
-        change) when another replica bound it first."""
+    async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int) -> str:
+        """Bind a new session and reserve its tokens on its worker, checking in the
+        same step that the worker's reservations stay within ``capacity_tokens``.
+        ``BOUND``; or, with nothing changed, ``TAKEN`` (another replica bound it
+        first) or ``FULL`` (the worker filled up since it was chosen)."""
 
     async def update_session(self, session_id: str, old: SessionState, new: SessionState) -> None:
         """Replace a binding; the workers' reserved KV moves by the difference."""

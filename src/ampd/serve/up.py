@@ -40,6 +40,7 @@ class Child:
     process: subprocess.Popen
     log_path: Path
     health_url: str | None = None
+    reported: bool = False
 
 
 def free_port_block(count: int, tries: int = 100) -> int:
@@ -110,6 +111,7 @@ class LocalCluster:
             InputError: a part died or stayed silent while starting (with its log's end).
         """
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._check_ports()
         try:
             serve = self._start_redis()
             workers = [self._start_engine(spec) for spec in self.specs()]
@@ -123,6 +125,36 @@ class LocalCluster:
             self.stop()
             raise
         return self.config
+
+    def _ports(self) -> dict[int, str]:
+        """Every port the cluster will listen on, and what for."""
+        serve = self.config.serve
+        ports: dict[int, list[str]] = {}
+        for i in range(self.num_coordinators):
+            ports.setdefault(serve.port + i, []).append(f"coordinator {i} (serve.port + {i})")
+        if serve.redis_port:
+            ports.setdefault(serve.redis_port, []).append("Redis (serve.redis_port)")
+        for spec in self.specs():
+            ports.setdefault(serve.base_port + spec.worker_id, []).append(
+                f"engine {spec.worker_id} (serve.base_port + {spec.worker_id})")
+        clashes = [" and ".join(users) for users in ports.values() if len(users) > 1]
+        if clashes:
+            raise InputError(f"ports clash: {'; '.join(clashes)} would listen on the same port")
+        return {port: users[0] for port, users in ports.items()}
+
+    def _check_ports(self) -> None:
+        """Refuse to start when a port is taken: a stale server answering there
+        would pass for a part of this cluster."""
+        busy = [f"{port} ({user})" for port, user in self._ports().items() if not _port_free(port)]
+        if busy:
+            raise InputError(f"already in use: {', '.join(busy)}; stop what holds them or change the ports")
+
+    def exited(self) -> list[Child]:
+        """Parts that have stopped since they started (each reported once)."""
+        gone = [c for c in self.children if c.process.poll() is not None and not c.reported]
+        for child in gone:
+            child.reported = True
+        return gone
 
     def _spawn(self, name: str, argv: list[str], health_url: str | None = None,
                env: dict[str, str] | None = None) -> Child:

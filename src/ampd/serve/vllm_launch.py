@@ -290,6 +290,9 @@ def server_command(config: RunConfig, role: Role, port: int, log_dir: Path) -> t
         InputError: ``serve.vllm_model`` is empty, or the role is unknown.
     """
     serve = config.serve
+    if not Path(serve.vllm_python).exists():
+        raise InputError(f"serve.vllm_python {serve.vllm_python!r}: no such interpreter (tools/vllm_venv.sh builds "
+                         ".venv-vllm)")
     if not serve.vllm_model:
         raise InputError("serve.engine = 'vllm' needs serve.vllm_model (a local model folder; "
                          "tools/tiny_model.py writes a small one)")
