@@ -230,17 +230,17 @@ class LocalCluster:
         child.process.wait()
 
     def stop(self) -> None:
-        """Stop every part, newest first: SIGTERM, then SIGKILL after a grace period."""
+        """Stop every part, newest first (coordinators, then engines, then Redis,
+        so none outlives what it depends on): SIGTERM, then SIGKILL after a grace
+        period."""
         for child in reversed(self.children):
             if child.process.poll() is None:
                 _signal(child, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in reversed(self.children):
-            try:
-                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal(child, signal.SIGKILL)
-                child.process.wait()
+                try:
+                    child.process.wait(timeout=STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    _signal(child, signal.SIGKILL)
+                    child.process.wait()
         self.children.clear()
         self.engines.clear()
 
