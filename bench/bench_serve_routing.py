@@ -3,7 +3,9 @@ replica to read what a router reads (every prefill worker and the session's
 decode worker: ``Coordinator.routing_ids``; one Lua script round trip), build the
 ``ClusterView`` and run Algorithm 1, on a 16-worker cluster whose prefill queues
 hold 8 tasks each. The paper's figure is 0.39 ms per routing decision (AMPD.md 3.1),
-state read included. Also the in-memory store, for the cost of Redis itself.
+state read included. Three ways to read: a direct Redis snapshot, the replica's
+mirror of Redis (``StateMirror``, what the coordinator reads when it has one; its
+lag behind another replica's change is measured too), and the in-memory store.
 
 Run: ``python bench/bench_serve_routing.py`` -> ``bench/results/serve_routing.json``.
 """
@@ -25,7 +27,9 @@ from common import write_result  # noqa: E402
 from ampd.core import Deployment, PrefillTask, QueuedTask, Role  # noqa: E402
 from ampd.perf import build_perf_model  # noqa: E402
 from ampd.policy.routing import AdaptiveRouter, PredictiveRouter, SloThresholds  # noqa: E402
+from ampd.serve.clock import ScaledClock  # noqa: E402
 from ampd.serve.memory_store import MemoryStore  # noqa: E402
+from ampd.serve.mirror import StateMirror  # noqa: E402
 from ampd.serve.redis_proc import RedisProcess  # noqa: E402
 from ampd.serve.redis_store import RedisStore  # noqa: E402
 from ampd.serve.store import QueueEntry, WorkerInfo  # noqa: E402
@@ -54,17 +58,34 @@ async def _fill(store, workers: list[WorkerInfo], rng: random.Random) -> None:
             await store.add_samples(w.spec.worker_id, "itl", 100.0, 0.5, 10)
 
 
-async def _measure(store, workers: list[WorkerInfo], router, perf) -> list[float]:
+async def _measure(read, workers: list[WorkerInfo], router, perf) -> list[float]:
+    """Wall seconds of ``read`` (the workers' states) + view + Algorithm 1, per decision."""
     infos = {w.spec.worker_id: w for w in workers}
     task = PrefillTask("s", 2, 8000, 700, 100.0, 8)
     ids = sorted([w.spec.worker_id for w in workers if w.spec.role is Role.PREFILL] + [task.decode_worker])
     samples = []
     for _ in range(REPEATS):
         start = time.perf_counter()
-        states = await store.snapshot(ids, 101.0)
+        states = await read(ids)
         router.route(task, cluster_view(infos, states, perf, 101.0), 101.0)
         samples.append(time.perf_counter() - start)
     return samples
+
+
+async def _mirror_lag(url: str, mirror: StateMirror, prefix: str) -> list[float]:
+    """Wall seconds from another replica's push returning to this replica's mirror showing it."""
+    other = RedisStore(url, prefix=prefix)
+    lags = []
+    for i in range(200):
+        before = len(mirror.states([0])[0].queue)
+        task = PrefillTask(f"lag-{i}", 0, 0, 100, 100.0, 8)
+        await other.push(0, QueueEntry(QueuedTask(task, 100.0, 0.1), "other"), "{}")
+        start = time.perf_counter()
+        while len(mirror.states([0])[0].queue) == before:
+            await asyncio.sleep(0)
+        lags.append(time.perf_counter() - start)
+    await other.close()
+    return lags
 
 
 def _figures(prefix: str, samples: list[float]) -> dict:
@@ -81,14 +102,27 @@ async def run() -> dict:
     workers = [WorkerInfo(s, f"http://127.0.0.1:{9000 + s.worker_id}", "mock") for s in specs]
     figures = {}
     with RedisProcess(_free_port()) as server:
-        for store_name, store in (("memory", MemoryStore()), ("redis", RedisStore(server.url))):
-            await _fill(store, workers, rng)
+        redis_store = RedisStore(server.url)
+        await _fill(redis_store, workers, rng)
+        await _fill(memory := MemoryStore(), workers, rng)
+        mirror = StateMirror(redis_store, [w.spec.worker_id for w in workers], ScaledClock())
+        await mirror.start()
+        reads = {"memory": lambda ids: memory.snapshot(ids, 101.0),
+                 "redis": lambda ids: redis_store.snapshot(ids, 101.0),
+                 "redis_mirror": lambda ids: _ready(mirror.states(ids))}
+        for read_name, read in reads.items():
             for name, router in (("adaptive", AdaptiveRouter(perf, slo, random.Random(1))),
                                  ("predictive", PredictiveRouter(perf, slo, random.Random(1)))):
-                await _measure(store, workers, router, perf)  # warm up
-                figures.update(_figures(f"{store_name}_{name}", await _measure(store, workers, router, perf)))
-            await store.close()
+                await _measure(read, workers, router, perf)  # warm up
+                figures.update(_figures(f"{read_name}_{name}", await _measure(read, workers, router, perf)))
+        figures.update(_figures("mirror_lag", await _mirror_lag(server.url, mirror, redis_store.prefix)))
+        await mirror.stop()
+        await redis_store.close()
     return figures
+
+
+async def _ready(value):
+    return value
 
 
 def main() -> None:

@@ -189,3 +189,42 @@ def test_a_coordinator_drops_in_flight_entries_nobody_owns():
         [state] = await coordinator.store.snapshot([0], now_s)
         return [e.key for e in state.inflight]
     assert run(go()) == ["live-owner#0"]
+
+
+def test_the_mirror_follows_changes_made_by_another_replica(redis_server):
+    """Replica A mirrors the state; replica B (another client of the same Redis)
+    queues, takes and samples: A's mirror shows each change (read back, not
+    inferred) once its feed has delivered it, and equals a direct snapshot."""
+    from ampd.serve.clock import ScaledClock
+    from ampd.serve.mirror import StateMirror
+
+    prefix = f"t{next(_prefixes)}:"
+
+    async def settled(mirror, store, predicate):
+        for _ in range(200):
+            [mirrored] = mirror.states([0])
+            if predicate(mirrored):
+                return mirrored
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"mirror never showed the change: {mirror.states([0])}")
+
+    async def go():
+        a, b = (RedisStore(redis_server.url, prefix=prefix) for _ in range(2))
+        assert StateMirror.supported(a) and not StateMirror.supported(MemoryStore())
+        mirror = StateMirror(a, [0, 1], ScaledClock(), refresh_s=60)  # only the feed keeps it current
+        await mirror.start()
+        assert [s.queue for s in mirror.states([0, 1])] == [[], []]
+        await b.push(0, entry("x"), "{}")
+        await b.push(0, entry("y"), "{}")
+        mirrored = await settled(mirror, a, lambda s: len(s.queue) == 2)
+        assert [e.key for e in mirrored.queue] == ["x#0", "y#0"]
+        await b.take(0, mirrored.queue[0], 12.0)
+        await b.add_samples(0, "ttft", ScaledClock().now_s(), 3.0, 2)
+        mirrored = await settled(mirror, a, lambda s: s.ttft_mean_s is not None)
+        [direct] = await a.snapshot([0], ScaledClock().now_s())
+        assert [e.key for e in mirrored.queue] == ["y#0"] and [e.key for e in mirrored.inflight] == ["x#0"]
+        assert mirrored.ttft_mean_s == pytest.approx(1.5) == direct.ttft_mean_s
+        await mirror.stop()
+        await a.close()
+        await b.close()
+    run(go())

@@ -32,6 +32,7 @@ from ampd.policy.reorder import QueuePolicy
 from ampd.policy.routing import Router, remote_prefill_s
 from ampd.serve.clock import ScaledClock
 from ampd.serve.decision_log import DecisionLog
+from ampd.serve.mirror import StateMirror
 from ampd.serve.dispatch import PrefillDispatcher
 from ampd.serve.engine_client import PREFILL_SLOTS, READS_HISTORY, Chunk, EngineClient, EngineError
 from ampd.serve.prom import ServeMetrics
@@ -99,6 +100,7 @@ class Coordinator:
         slots = {i: PREFILL_SLOTS[w.kind] for i, w in prefill.items()}
         self.dispatcher = PrefillDispatcher(store, self.engines, queue_policy, clock, options.replica_id, prefill,
                                             slots, options.kv_timeout_s, self.mark_dead)
+        self.mirror = StateMirror(store, sorted(self.workers), clock) if StateMirror.supported(store) else None
         self._dead: set[int] = set()
         self._active: set[str] = set()  # sessions with a round in progress on this replica
         self._health_failures: dict[int, int] = {}
@@ -126,6 +128,8 @@ class Coordinator:
             await self.store.ping()
             await self.store.register_workers(list(self.workers.values()))
             await self.store.subscribe(self.options.replica_id, self._on_result)
+            if self.mirror is not None:
+                await self.mirror.start()
         except StoreUnavailable as err:
             raise ServeError(503, f"cannot start: {err}") from err
         for loop in (self._health_loop, self._sweep_loop, self._flush_loop, self._expiry_loop):
@@ -136,6 +140,8 @@ class Coordinator:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self.mirror is not None:
+            await self.mirror.stop()
         await self.dispatcher.close()
         await self.engines.close()
         await self.store.close()
@@ -216,9 +222,13 @@ class Coordinator:
 
     async def view(self, worker_ids: list[int] | None = None) -> ClusterView:
         """The policies' snapshot of the live workers among ``worker_ids`` (default:
-        all), from the store in one round trip."""
+        all): from the replica's mirror of the store when it has one (no round
+        trip), else from the store in one round trip."""
         now_s = self.clock.now_s()
-        states = await self.store.snapshot(worker_ids if worker_ids is not None else sorted(self.workers), now_s)
+        worker_ids = worker_ids if worker_ids is not None else sorted(self.workers)
+        states = self.mirror.states(worker_ids) if self.mirror is not None else None
+        if states is None:  # no mirror, or it is catching up after a gap
+            states = await self.store.snapshot(worker_ids, now_s)
         return cluster_view(self.workers, states, self.perf, now_s)
 
     def routing_ids(self, decode_worker: int) -> list[int]:
@@ -322,6 +332,8 @@ class Coordinator:
         self._pending[entry.key] = result
         try:
             await self.store.push(worker_id, entry, json.dumps(body))
+            if self.mirror is not None:
+                self.mirror.note_queued(worker_id, entry)
             await self.dispatcher.kick(worker_id)
             message = await asyncio.wait_for(result, self.clock.wall_s(self.options.kv_timeout_s))
         except TimeoutError:

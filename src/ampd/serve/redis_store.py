@@ -29,12 +29,14 @@ import inspect
 import json
 import logging
 import math
+from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ampd.core.view import QueuedTask
-from ampd.serve.store import QueueEntry, ResultHandler, SessionState, StoreUnavailable, WorkerInfo, WorkerState
+from ampd.serve.store import (BOUND, QueueEntry, ResultHandler, SessionState, StoreUnavailable, WorkerInfo,
+                              WorkerState)
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ local state = cjson.decode(text)
 if ARGV[2] and state[5] >= tonumber(ARGV[2]) then return 0 end
 redis.call('HINCRBY', ARGV[1] .. 'w:' .. state[1], 'kv', -state[3])
 redis.call('DEL', KEYS[1])
-return 1
+return tostring(state[1])
 """
 
 # KEYS: q, qp; ARGV: task key, entry JSON, payload
@@ -204,6 +206,7 @@ class RedisStore:
     async def set_alive(self, worker_id: int, alive: bool) -> None:
         key = self._k("w", worker_id)
         await self._run(self._redis.hdel(key, "dead") if alive else self._redis.hset(key, "dead", 1))
+        await self._changed(worker_id)
 
     async def get_session(self, session_id: str) -> SessionState | None:
         text = await self._run(self._redis.get(self._k("session", session_id)))
@@ -211,17 +214,23 @@ class RedisStore:
 
     async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int) -> str:
         keys = [self._k("session", session_id), self._k("w", state.decode_worker)]
-        return await self._script("bind", keys, [state.to_json(), state.reserved_tokens, capacity_tokens])
+        outcome = await self._script("bind", keys, [state.to_json(), state.reserved_tokens, capacity_tokens])
+        if outcome == BOUND:
+            await self._changed(state.decode_worker)
+        return outcome
 
     async def update_session(self, session_id: str, old: SessionState, new: SessionState) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(self._k("session", session_id), new.to_json())
             pipe.hincrby(self._k("w", old.decode_worker), "kv", -old.reserved_tokens)
             pipe.hincrby(self._k("w", new.decode_worker), "kv", new.reserved_tokens)
+            pipe.publish(self._k("changes"), f"{old.decode_worker},{new.decode_worker}")
             await self._run(pipe.execute())
 
     async def end_session(self, session_id: str) -> None:
-        await self._script("end", [self._k("session", session_id)], [self.prefix])
+        worker = await self._script("end", [self._k("session", session_id)], [self.prefix])
+        if worker:
+            await self._changed(worker)
 
     async def expire_sessions(self, idle_before_s: float) -> list[str]:
         """Scans every session key (SCAN, batches of 500): O(sessions) per call."""
@@ -229,18 +238,22 @@ class RedisStore:
             return [key async for key in self._redis.scan_iter(match=self._k("session", "*"), count=500)]
         expired = []
         for key in await self._run(keys()):
-            if await self._script("end", [key], [self.prefix, repr(idle_before_s)]):
+            worker = await self._script("end", [key], [self.prefix, repr(idle_before_s)])
+            if worker:
+                await self._changed(worker)
                 expired.append(key.removeprefix(self._k("session", "")))
         return expired
 
     async def push(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
         keys = [self._k("q", worker_id), self._k("qp", worker_id)]
         await self._script("push", keys, [entry.key, entry.to_json(), payload])
+        await self._changed(worker_id)
 
     async def set_postponements(self, worker_id: int, counts: dict[str, int]) -> None:
         if counts:
             mapping = {f"postp:{key}": n for key, n in counts.items()}
             await self._run(self._redis.hset(self._k("w", worker_id), mapping=mapping))
+            await self._changed(worker_id)
 
     def _queue_keys(self, worker_id: int) -> list[str]:
         return [self._k(kind, worker_id) for kind in ("q", "qp", "w")]
@@ -251,21 +264,30 @@ class RedisStore:
         running = QueueEntry(entry.queued, entry.owner, dispatch_s)
         payload = await self._script("take", self._queue_keys(worker_id),
                                      [entry.key, waiting.to_json(), running.to_json()])
-        return None if payload is None else (running, payload)
+        if payload is None:
+            return None
+        await self._changed(worker_id)
+        return running, payload
 
     async def withdraw(self, worker_id: int, entry: QueueEntry) -> bool:
-        return await self._script("take", self._queue_keys(worker_id), [entry.key, entry.to_json(), ""]) is not None
+        if await self._script("take", self._queue_keys(worker_id), [entry.key, entry.to_json(), ""]) is None:
+            return False
+        await self._changed(worker_id)
+        return True
 
     async def add_inflight(self, worker_id: int, entry: QueueEntry) -> None:
         await self._run(self._redis.hset(self._k("w", worker_id), f"infl:{entry.key}", entry.to_json()))
+        await self._changed(worker_id)
 
     async def remove_inflight(self, worker_id: int, key: str) -> None:
         await self._run(self._redis.hdel(self._k("w", worker_id), f"infl:{key}"))
+        await self._changed(worker_id)
 
     async def add_samples(self, worker_id: int, kind: str, now_s: float, total_s: float, count: int) -> None:
         bucket = math.floor(now_s / self.bucket_s)
         await self._script("samples", [self._k("w", worker_id)],
                            [f"win:{kind}:{bucket % (BUCKETS + 1)}", bucket, total_s, count])
+        await self._changed(worker_id)
 
     async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
         ttl_ms = max(1, int(ttl_s * 1000))
@@ -278,23 +300,41 @@ class RedisStore:
         await self._run(self._redis.publish(self._k("results", owner), json.dumps(message)))
 
     async def subscribe(self, owner: str, handler: ResultHandler) -> None:
-        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-        await self._run(pubsub.subscribe(self._k("results", owner)))
-        self._listeners.append(asyncio.create_task(self._listen(pubsub, owner, handler)))
+        await self._listen_to(self._k("results", owner), lambda data: handler(json.loads(data)))
 
-    async def _listen(self, pubsub, owner: str, handler: ResultHandler) -> None:
+    async def _changed(self, *worker_ids: object) -> None:
+        """Tell every replica's mirror that these workers' state changed."""
+        await self._run(self._redis.publish(self._k("changes"), ",".join(str(w) for w in worker_ids)))
+
+    async def subscribe_changes(self, handler: Callable[[list[int] | None], None]) -> None:
+        """Call ``handler`` with the ids of workers whose state changed (any
+        replica's doing), or with None when changes may have been missed (the
+        channel broke): the feed a ``StateMirror`` keeps itself current with."""
+        def on_message(data: str) -> None:
+            handler([int(w) for w in data.split(",") if w])
+        await self._listen_to(self._k("changes"), on_message, lambda: handler(None))
+
+    async def _listen_to(self, channel: str, on_message: Callable[[str], object],
+                         on_gap: Callable[[], object] = lambda: None) -> None:
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        await self._run(pubsub.subscribe(channel))
+        self._listeners.append(asyncio.create_task(self._listen(pubsub, channel, on_message, on_gap)))
+
+    async def _listen(self, pubsub, channel: str, on_message: Callable[[str], object],
+                      on_gap: Callable[[], object]) -> None:
         """Deliver messages; through an outage, keep resubscribing (a result missed
-        meanwhile makes its waiter time out and recompute locally)."""
-        channel = self._k("results", owner)
+        meanwhile makes its waiter time out and recompute locally; a missed change
+        makes ``on_gap`` tell the mirror to refresh everything)."""
         while True:
             try:
                 message = await pubsub.get_message(timeout=1.0)
                 if message is not None:
-                    result = handler(json.loads(message["data"]))
+                    result = on_message(message["data"])
                     if inspect.isawaitable(result):
                         await result
             except (RedisError, OSError) as err:
-                log.warning("results channel %s: %s; resubscribing", channel, err)
+                log.warning("channel %s: %s; resubscribing", channel, err)
+                on_gap()
                 await asyncio.sleep(0.5)
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.subscribe(channel)
