@@ -35,8 +35,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ampd.core.view import QueuedTask
-from ampd.serve.store import (BOUND, QueueEntry, ResultHandler, SessionState, StoreUnavailable, WorkerInfo,
-                              WorkerState)
+from ampd.serve.store import QueueEntry, ResultHandler, SessionState, StoreUnavailable, WorkerInfo, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +76,16 @@ end
 return '[' .. table.concat(parts, ',') .. ']'
 """
 
-# KEYS: session, worker hash; ARGV: state JSON, reserved tokens, the worker's capacity
+# Every script that changes a worker's state announces it on the change feed itself
+# (its last two ARGV: the channel and the worker id), in the same round trip.
+
+# KEYS: session, worker hash; ARGV: state JSON, reserved tokens, the worker's capacity, channel, worker
 _BIND = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
 if tonumber(redis.call('HGET', KEYS[2], 'kv') or '0') + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return 'full' end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[2], 'kv', ARGV[2])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 'bound'
 """
 
@@ -94,26 +97,29 @@ local state = cjson.decode(text)
 if ARGV[2] and state[5] >= tonumber(ARGV[2]) then return 0 end
 redis.call('HINCRBY', ARGV[1] .. 'w:' .. state[1], 'kv', -state[3])
 redis.call('DEL', KEYS[1])
-return tostring(state[1])
+redis.call('PUBLISH', ARGV[1] .. 'changes', tostring(state[1]))
+return 1
 """
 
-# KEYS: q, qp; ARGV: task key, entry JSON, payload
+# KEYS: q, qp; ARGV: task key, entry JSON, payload, channel, worker
 _PUSH = """
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 redis.call('RPUSH', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 """
 
-# KEYS: q, qp, worker hash; ARGV: task key, entry JSON, in-flight entry JSON (or '' to withdraw)
+# KEYS: q, qp, worker hash; ARGV: task key, entry JSON, in-flight entry JSON (or '' to withdraw), channel, worker
 _TAKE = """
 if redis.call('LREM', KEYS[1], 1, ARGV[2]) == 0 then return false end
 local payload = redis.call('HGET', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], 'postp:' .. ARGV[1])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], 'infl:' .. ARGV[1], ARGV[3]) end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 return payload or ''
 """
 
-# KEYS: worker hash; ARGV: window field, bucket, total, count
+# KEYS: worker hash; ARGV: window field, bucket, total, count, channel, worker
 _SAMPLES = """
 local bucket, total, count = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
@@ -122,6 +128,7 @@ if cur then
   if tonumber(b) == bucket then total = total + tonumber(s); count = count + tonumber(n) end
 end
 redis.call('HSET', KEYS[1], ARGV[1], string.format('%d|%.17g|%d', bucket, total, count))
+redis.call('PUBLISH', ARGV[5], ARGV[6])
 """
 
 _RELEASE = """
@@ -205,8 +212,7 @@ class RedisStore:
 
     async def set_alive(self, worker_id: int, alive: bool) -> None:
         key = self._k("w", worker_id)
-        await self._run(self._redis.hdel(key, "dead") if alive else self._redis.hset(key, "dead", 1))
-        await self._changed(worker_id)
+        await self._write(worker_id, lambda pipe: pipe.hdel(key, "dead") if alive else pipe.hset(key, "dead", 1))
 
     async def get_session(self, session_id: str) -> SessionState | None:
         text = await self._run(self._redis.get(self._k("session", session_id)))
@@ -214,10 +220,8 @@ class RedisStore:
 
     async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int) -> str:
         keys = [self._k("session", session_id), self._k("w", state.decode_worker)]
-        outcome = await self._script("bind", keys, [state.to_json(), state.reserved_tokens, capacity_tokens])
-        if outcome == BOUND:
-            await self._changed(state.decode_worker)
-        return outcome
+        return await self._script("bind", keys, [state.to_json(), state.reserved_tokens, capacity_tokens,
+                                                 *self._feed(state.decode_worker)])
 
     async def update_session(self, session_id: str, old: SessionState, new: SessionState) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:
@@ -228,9 +232,7 @@ class RedisStore:
             await self._run(pipe.execute())
 
     async def end_session(self, session_id: str) -> None:
-        worker = await self._script("end", [self._k("session", session_id)], [self.prefix])
-        if worker:
-            await self._changed(worker)
+        await self._script("end", [self._k("session", session_id)], [self.prefix])
 
     async def expire_sessions(self, idle_before_s: float) -> list[str]:
         """Scans every session key (SCAN, batches of 500): O(sessions) per call."""
@@ -238,22 +240,18 @@ class RedisStore:
             return [key async for key in self._redis.scan_iter(match=self._k("session", "*"), count=500)]
         expired = []
         for key in await self._run(keys()):
-            worker = await self._script("end", [key], [self.prefix, repr(idle_before_s)])
-            if worker:
-                await self._changed(worker)
+            if await self._script("end", [key], [self.prefix, repr(idle_before_s)]):
                 expired.append(key.removeprefix(self._k("session", "")))
         return expired
 
     async def push(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
         keys = [self._k("q", worker_id), self._k("qp", worker_id)]
-        await self._script("push", keys, [entry.key, entry.to_json(), payload])
-        await self._changed(worker_id)
+        await self._script("push", keys, [entry.key, entry.to_json(), payload, *self._feed(worker_id)])
 
     async def set_postponements(self, worker_id: int, counts: dict[str, int]) -> None:
         if counts:
             mapping = {f"postp:{key}": n for key, n in counts.items()}
-            await self._run(self._redis.hset(self._k("w", worker_id), mapping=mapping))
-            await self._changed(worker_id)
+            await self._write(worker_id, lambda pipe: pipe.hset(self._k("w", worker_id), mapping=mapping))
 
     def _queue_keys(self, worker_id: int) -> list[str]:
         return [self._k(kind, worker_id) for kind in ("q", "qp", "w")]
@@ -263,31 +261,24 @@ class RedisStore:
                              entry.owner)
         running = QueueEntry(entry.queued, entry.owner, dispatch_s)
         payload = await self._script("take", self._queue_keys(worker_id),
-                                     [entry.key, waiting.to_json(), running.to_json()])
-        if payload is None:
-            return None
-        await self._changed(worker_id)
-        return running, payload
+                                     [entry.key, waiting.to_json(), running.to_json(), *self._feed(worker_id)])
+        return None if payload is None else (running, payload)
 
     async def withdraw(self, worker_id: int, entry: QueueEntry) -> bool:
-        if await self._script("take", self._queue_keys(worker_id), [entry.key, entry.to_json(), ""]) is None:
-            return False
-        await self._changed(worker_id)
-        return True
+        args = [entry.key, entry.to_json(), "", *self._feed(worker_id)]
+        return await self._script("take", self._queue_keys(worker_id), args) is not None
 
     async def add_inflight(self, worker_id: int, entry: QueueEntry) -> None:
-        await self._run(self._redis.hset(self._k("w", worker_id), f"infl:{entry.key}", entry.to_json()))
-        await self._changed(worker_id)
+        await self._write(worker_id, lambda pipe: pipe.hset(self._k("w", worker_id), f"infl:{entry.key}",
+                                                            entry.to_json()))
 
     async def remove_inflight(self, worker_id: int, key: str) -> None:
-        await self._run(self._redis.hdel(self._k("w", worker_id), f"infl:{key}"))
-        await self._changed(worker_id)
+        await self._write(worker_id, lambda pipe: pipe.hdel(self._k("w", worker_id), f"infl:{key}"))
 
     async def add_samples(self, worker_id: int, kind: str, now_s: float, total_s: float, count: int) -> None:
         bucket = math.floor(now_s / self.bucket_s)
         await self._script("samples", [self._k("w", worker_id)],
-                           [f"win:{kind}:{bucket % (BUCKETS + 1)}", bucket, total_s, count])
-        await self._changed(worker_id)
+                           [f"win:{kind}:{bucket % (BUCKETS + 1)}", bucket, total_s, count, *self._feed(worker_id)])
 
     async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
         ttl_ms = max(1, int(ttl_s * 1000))
@@ -302,9 +293,16 @@ class RedisStore:
     async def subscribe(self, owner: str, handler: ResultHandler) -> None:
         await self._listen_to(self._k("results", owner), lambda data: handler(json.loads(data)))
 
-    async def _changed(self, *worker_ids: object) -> None:
-        """Tell every replica's mirror that these workers' state changed."""
-        await self._run(self._redis.publish(self._k("changes"), ",".join(str(w) for w in worker_ids)))
+    def _feed(self, worker_id: int) -> tuple[str, str]:
+        """The change feed's channel and a worker id: the ARGV a script announces with."""
+        return self._k("changes"), str(worker_id)
+
+    async def _write(self, worker_id: int, command: Callable) -> None:
+        """One write to a worker's state and its announcement, in one round trip."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            command(pipe)
+            pipe.publish(*self._feed(worker_id))
+            await self._run(pipe.execute())
 
     async def subscribe_changes(self, handler: Callable[[list[int] | None], None]) -> None:
         """Call ``handler`` with the ids of workers whose state changed (any
