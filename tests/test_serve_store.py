@@ -185,7 +185,7 @@ def test_a_coordinator_drops_in_flight_entries_nobody_owns():
         fresh = QueueEntry(fresh.queued, "alive", now_s - 59.0)
         await coordinator.store.add_inflight(0, old)
         await coordinator.store.add_inflight(0, fresh)
-        await coordinator._drop_stale_inflight()
+        await coordinator._drop_stale_inflight(await coordinator.store.snapshot([0, 1], now_s))
         [state] = await coordinator.store.snapshot([0], now_s)
         return [e.key for e in state.inflight]
     assert run(go()) == ["live-owner#0"]

@@ -37,7 +37,8 @@ from ampd.serve.dispatch import PrefillDispatcher
 from ampd.serve.engine_client import PREFILL_SLOTS, READS_HISTORY, Chunk, EngineClient, EngineError
 from ampd.serve.prom import ServeMetrics
 from ampd.serve.rounds import LiveRound, RoundRequest, RoundTrace, ServeError
-from ampd.serve.store import BOUND, TAKEN, QueueEntry, SessionState, StateStore, StoreUnavailable, WorkerInfo
+from ampd.serve.store import (BOUND, TAKEN, QueueEntry, SessionState, StateStore, StoreUnavailable, WorkerInfo,
+                              WorkerState)
 from ampd.serve.view_builder import cluster_view
 
 log = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ class Coordinator:
         state = await self._session(request, now_s)
         started = time.perf_counter()
         view = await self.view(self.routing_ids(state.decode_worker))
-        if state.decode_worker not in {w.worker_id for w in view.workers}:  # dead in the store, not yet here
+        if state.decode_worker in self._dead or state.decode_worker not in {w.worker_id for w in view.workers}:
             self._dead.add(state.decode_worker)
             state = await self._rebind(request.session_id, state, len(request.prompt) + request.max_tokens)
             self._bindings[request.session_id] = state.decode_worker
@@ -224,12 +225,18 @@ class Coordinator:
         """The policies' snapshot of the live workers among ``worker_ids`` (default:
         all): from the replica's mirror of the store when it has one (no round
         trip), else from the store in one round trip."""
-        now_s = self.clock.now_s()
-        worker_ids = worker_ids if worker_ids is not None else sorted(self.workers)
+        states = await self._states(worker_ids if worker_ids is not None else sorted(self.workers))
+        return cluster_view(self.workers, states, self.perf, self.clock.now_s())
+
+    async def _states(self, worker_ids: list[int]) -> list[WorkerState]:
+        """The workers' shared state: the mirror's copy, or (no mirror, or it is
+        catching up after a gap) one read of the store.
+
+        Raises:
+            StoreUnavailable: it had to read the store, which did not answer.
+        """
         states = self.mirror.states(worker_ids) if self.mirror is not None else None
-        if states is None:  # no mirror, or it is catching up after a gap
-            states = await self.store.snapshot(worker_ids, now_s)
-        return cluster_view(self.workers, states, self.perf, now_s)
+        return states if states is not None else await self.store.snapshot(worker_ids, self.clock.now_s())
 
     def routing_ids(self, decode_worker: int) -> list[int]:
         """What a router reads: every prefill worker and the session's decode
@@ -245,8 +252,6 @@ class Coordinator:
         state = await self.store.get_session(request.session_id)
         if state is None:
             state = await self._bind(request.session_id, need_tokens, now_s, self._bindings.get(request.session_id))
-        elif state.decode_worker in self._dead:
-            state = await self._rebind(request.session_id, state, need_tokens)
         started = dataclasses.replace(state, reserved_tokens=max(state.reserved_tokens, need_tokens),
                                       num_rounds=state.num_rounds + 1, last_s=now_s)
         await self.store.update_session(request.session_id, state, started)
@@ -325,7 +330,7 @@ class Coordinator:
                            self.options.replica_id)
         body = self._engine_body(live.request, live.request.prompt, 1, stream=False)
         body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False}
-        if self.workers[worker_id].kind == "mock":  # where the history lives, for the mock's transfer times
+        if prefill.reads_history:  # an engine that reads the history KV is told where it lives
             body["kv_transfer_params"].update(ampd_hist_tokens=task.hist_tokens, ampd_decode_tp=decode.spec.tp,
                                               ampd_decode_server=decode.spec.server)
         result = asyncio.get_running_loop().create_future()
@@ -398,8 +403,10 @@ class Coordinator:
                                                    live.request.last_round):
                 if chunk.token_ids:
                     if live.trace.first_token_s is None:
-                        await self._first_token(live, local_key, len(chunk.token_ids))
-                        local_key = None
+                        await self._first_token(live, len(chunk.token_ids))
+                        if local_key is not None:  # the local prefill is done: out of the worker's queue
+                            await self._store_call(self.store.remove_inflight(worker_id, local_key))
+                            local_key = None
                     else:
                         self._later_tokens(live, len(chunk.token_ids))
                     yield chunk
@@ -438,7 +445,7 @@ class Coordinator:
         live.trace.rebinds += 1
         self._bindings[live.task.session_id] = live.state.decode_worker
 
-    async def _first_token(self, live: LiveRound, local_key: str | None, count: int) -> None:
+    async def _first_token(self, live: LiveRound, count: int) -> None:
         """The round's first chunk (it may carry several tokens: the ones after the
         first count as ITL gaps of 0)."""
         now_s = self.clock.now_s()
@@ -449,8 +456,6 @@ class Coordinator:
             self._itl.setdefault(trace.decode_worker, [0.0, 0])[1] += count - 1
         ttft_s = now_s - trace.ready_s
         self.metrics.ttft.observe(ttft_s)
-        if local_key is not None:
-            await self._store_call(self.store.remove_inflight(trace.decode_worker, local_key))
         if not trace.local:
             await self._store_call(self.store.add_samples(trace.prefill_worker, "ttft", now_s, ttft_s, 1))
 
@@ -509,25 +514,28 @@ class Coordinator:
         lease, or with prefills in flight whose slots would stay taken)."""
         while True:
             await asyncio.sleep(0.5)
-            await self._drop_stale_inflight()
-            for worker_id in self.dispatcher.workers:
-                await self.dispatcher.kick(worker_id)
+            try:
+                states = await self._states(sorted(self.workers))
+                await self._drop_stale_inflight(states)
+            except StoreUnavailable as err:
+                self._store_failed(err)
+                continue
+            for state in states:
+                if state.worker_id in self.dispatcher.workers and state.queue:
+                    await self.dispatcher.kick(state.worker_id)
 
-    async def _drop_stale_inflight(self) -> None:
+    async def _drop_stale_inflight(self, states: list[WorkerState]) -> None:
         """An in-flight entry older than twice the longest wait any replica allows
         (``kv_timeout_s``, ``stream_idle_timeout_s``) has no owner waiting for it."""
         now_s = self.clock.now_s()
         stale_s = 2 * max(self.options.kv_timeout_s, self.options.stream_idle_timeout_s)
-        try:
-            for state in await self.store.snapshot(sorted(self.workers), now_s):
-                for entry in state.inflight:
-                    since_s = entry.dispatch_s if entry.dispatch_s is not None else entry.queued.enqueue_s
-                    if now_s - since_s > stale_s:
-                        await self.store.remove_inflight(state.worker_id, entry.key)
-                        self.decisions.add("stale", {"worker_id": state.worker_id, "task": entry.key},
-                                           replica=self.options.replica_id)
-        except StoreUnavailable as err:
-            self._store_failed(err)
+        for state in states:
+            for entry in state.inflight:
+                since_s = entry.dispatch_s if entry.dispatch_s is not None else entry.queued.enqueue_s
+                if now_s - since_s > stale_s:
+                    await self.store.remove_inflight(state.worker_id, entry.key)
+                    self.decisions.add("stale", {"worker_id": state.worker_id, "task": entry.key},
+                                       replica=self.options.replica_id)
 
     async def _flush_loop(self) -> None:
         """Write the ITL samples gathered since the last flush (one store call per
