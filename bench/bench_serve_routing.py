@@ -116,9 +116,20 @@ async def run() -> dict:
                 await _measure(read, workers, router, perf)  # warm up
                 figures.update(_figures(f"{read_name}_{name}", await _measure(read, workers, router, perf)))
         figures.update(_figures("mirror_lag", await _mirror_lag(server.url, mirror, redis_store.prefix)))
+        figures.update(_figures("redis_ping", await _pings(redis_store)))
         await mirror.stop()
         await redis_store.close()
     return figures
+
+
+async def _pings(store: RedisStore) -> list[float]:
+    """Wall seconds of a bare PING through the same asyncio client: the floor of any Redis read."""
+    samples = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        await store.ping()
+        samples.append(time.perf_counter() - start)
+    return samples
 
 
 async def _ready(value):

@@ -64,3 +64,15 @@ def test_summary_counts_local_share_and_goodput():
     # span: first arrival 0.0 to last completion 11.5 + 49 x 0.02 + 0.5 = 12.98
     assert s.goodput_sessions_per_s == pytest.approx(2 / 12.98)
     assert s.ttft_p50_s == pytest.approx(0.5)
+
+
+def test_same_placement_share_counts_rounds_placed_alike_and_missing_ones_as_different():
+    from ampd.metrics.records import RoundRecord, SessionRecord
+    from ampd.metrics.summary import same_placement_share
+
+    def run(*locals_):
+        record = SessionRecord("s", 0.0, len(locals_))
+        record.rounds = [RoundRecord("s", i, 0.0, 0, 1, 1, 0, local=x) for i, x in enumerate(locals_)]
+        return [record]
+    assert same_placement_share(run(True, False, True, False), run(True, True, True)) == 0.5  # 2 of 4 alike
+    assert same_placement_share(run(True, False), run(True, False)) == 1.0

@@ -70,3 +70,12 @@ def summarize(records: list[SessionRecord], ttft_slo_s: float, itl_slo_s: float,
         local_prefill_share=_mean([1.0 if r.local else 0.0 for r in rounds]),
         goodput_sessions_per_s=good / span_s if span_s > 0 else float("nan"),
     )
+
+
+def same_placement_share(reference: list[SessionRecord], other: list[SessionRecord]) -> float:
+    """Fraction of ``reference``'s rounds that ``other`` placed alike (prefill
+    local or remote): how two runtimes' routing decisions agree on one trace. A
+    round ``other`` lacks counts as placed differently."""
+    placed = {(r.session_id, r.round_index): r.local for s in other for r in s.rounds}
+    rounds = [r for s in reference for r in s.rounds]
+    return sum(placed.get((r.session_id, r.round_index)) == r.local for r in rounds) / len(rounds)

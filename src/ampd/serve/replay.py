@@ -359,3 +359,12 @@ async def replay(url: str, sessions: Sequence[Session], *, model: str, clock: Sc
 def replay_sync(url: str, sessions: Sequence[Session], **kwargs) -> ReplayResult:
     """``replay`` run to completion in a new event loop (same arguments)."""
     return asyncio.run(replay(url, sessions, **kwargs))
+
+
+async def replay_across(urls: Sequence[str], sessions: Sequence[Session], **kwargs) -> list[ReplayResult]:
+    """Replay ``sessions`` through several coordinator replicas at once, session
+    ``i`` through ``urls[i % len(urls)]`` (arrival times kept): what a load
+    balancer in front of the replicas would do. Arguments as ``replay``; one
+    result per URL."""
+    parts = [list(sessions)[i::len(urls)] for i in range(len(urls))]
+    return await asyncio.gather(*(replay(url, part, **kwargs) for url, part in zip(urls, parts)))
