@@ -29,22 +29,17 @@ import httpx  # noqa: E402
 from common import write_result  # noqa: E402
 
 from ampd.config import RunConfig  # noqa: E402
-from ampd.serve.up import LocalCluster, free_port_block  # noqa: E402
+from ampd.serve.up import LocalCluster, free_serve_ports  # noqa: E402
 
 ROUNDS = 60
 PROMPT_TOKENS, OUTPUT_TOKENS = 512, 16
 CLUSTER = {"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2}
 
 
-def _ports() -> dict:
-    base = free_port_block(40)  # coordinator at base, Redis at base + 2, engines from base + 8
-    return {"port": base, "redis_port": base + 2, "base_port": base + 8}
-
-
 def _config(system: str, deployment: str) -> RunConfig:
     return RunConfig(system=system, cluster={**CLUSTER, "deployment": deployment},
                      workload={"name": "toolbench", "num_sessions": 5},
-                     serve={**_ports()})
+                     serve={**free_serve_ports()})
 
 
 async def _stream(client: httpx.AsyncClient, url: str, body: dict, session_id: str) -> tuple[float, float, int]:

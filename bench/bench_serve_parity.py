@@ -25,19 +25,18 @@ from ampd.experiment import sessions_for, simulate  # noqa: E402
 from ampd.metrics.summary import same_placement_share, summarize  # noqa: E402
 from ampd.serve.clock import ScaledClock  # noqa: E402
 from ampd.serve.replay import replay_across  # noqa: E402
-from ampd.serve.up import LocalCluster, free_port_block  # noqa: E402
+from ampd.serve.up import LocalCluster, free_serve_ports  # noqa: E402
 
 TIME_SCALE = 0.5
 REPLICAS = 2
 
 
 def _config() -> RunConfig:
-    base = free_port_block(40)
     return RunConfig(system="ampd-predictive",
                      cluster={"model": "Llama-3.1-70B", "gpu": "H20", "num_gpus": 8,
                               "deployment": "P:<TP=2,DP=2> D:<TP=2,DP=2>"},
                      workload={"name": "toolbench", "num_sessions": 50, "rate_per_s": 2.0},
-                     serve={"port": base, "redis_port": base + 2, "base_port": base + 8, "time_scale": TIME_SCALE})
+                     serve={**free_serve_ports(), "time_scale": TIME_SCALE})
 
 
 def main() -> None:

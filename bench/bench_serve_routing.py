@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import statistics
 import sys
 import time
@@ -33,17 +32,12 @@ from ampd.serve.mirror import StateMirror  # noqa: E402
 from ampd.serve.redis_proc import RedisProcess  # noqa: E402
 from ampd.serve.redis_store import RedisStore  # noqa: E402
 from ampd.serve.store import QueueEntry, WorkerInfo  # noqa: E402
+from ampd.serve.up import free_port_block  # noqa: E402
 from ampd.serve.view_builder import cluster_view  # noqa: E402
 
 DEPLOYMENT = "P:<TP=2,DP=8> D:<TP=4,DP=8>"  # 16 workers, 48 GPUs
 QUEUE_LENGTH = 8
 REPEATS = 2000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _fill(store, workers: list[WorkerInfo], rng: random.Random) -> None:
@@ -101,7 +95,7 @@ async def run() -> dict:
     specs = Deployment.parse(DEPLOYMENT).workers(48)
     workers = [WorkerInfo(s, f"http://127.0.0.1:{9000 + s.worker_id}", "mock") for s in specs]
     figures = {}
-    with RedisProcess(_free_port()) as server:
+    with RedisProcess(free_port_block(1)) as server:
         redis_store = RedisStore(server.url)
         await _fill(redis_store, workers, rng)
         await _fill(memory := MemoryStore(), workers, rng)

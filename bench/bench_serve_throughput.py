@@ -23,17 +23,12 @@ from ampd.config import RunConfig  # noqa: E402
 from ampd.core.session import Round, Session  # noqa: E402
 from ampd.serve.clock import ScaledClock  # noqa: E402
 from ampd.serve.replay import replay_sync  # noqa: E402
-from ampd.serve.up import LocalCluster, free_port_block  # noqa: E402
+from ampd.serve.up import LocalCluster, free_serve_ports  # noqa: E402
 
 TIME_SCALE = 0.05
 RATES_PER_WALL_S = (5, 10, 20, 40, 80)
 WALL_S_PER_RATE = 10.0
 ROUNDS = (Round(256, 16, 0.2), Round(256, 16, 0.2), Round(256, 16, 0.0))
-
-
-def _ports() -> dict:
-    base = free_port_block(40)  # coordinator at base, Redis at base + 2, engines from base + 8
-    return {"port": base, "redis_port": base + 2, "base_port": base + 8}
 
 
 def _sessions(rate_per_wall_s: float) -> list[Session]:
@@ -49,7 +44,7 @@ def main() -> None:
                        cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 16,
                                 "deployment": "P:<TP=1,DP=8> D:<TP=1,DP=8>"},
                        workload={"name": "toolbench", "num_sessions": 5},
-                       serve={**_ports(),
+                       serve={**free_serve_ports(),
                               "time_scale": TIME_SCALE})
     rows = []
     with tempfile.TemporaryDirectory() as logs, LocalCluster(config, Path(logs)) as cluster:

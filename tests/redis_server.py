@@ -4,15 +4,12 @@ Never skipped."""
 
 from __future__ import annotations
 
-import socket
-
 from ampd.serve.redis_proc import RedisProcess
+from ampd.serve.up import free_port_block
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port_block(1)
 
 
 def start_redis() -> RedisProcess:

@@ -15,7 +15,7 @@ from ampd.experiment import sessions_for, simulate
 from ampd.metrics.summary import same_placement_share, summarize
 from ampd.serve.clock import ScaledClock
 from ampd.serve.replay import replay, replay_across
-from ampd.serve.up import LocalCluster, free_port_block
+from ampd.serve.up import LocalCluster, free_serve_ports
 
 BASE = RunConfig(system="ampd-predictive",
                  cluster={"model": "Llama-3.1-70B", "gpu": "H20", "num_gpus": 8,
@@ -25,8 +25,7 @@ BASE = RunConfig(system="ampd-predictive",
 
 def serving(config: RunConfig, **serve) -> RunConfig:
     """``config`` served on free local ports, with a Redis server."""
-    base = free_port_block(40)  # coordinators at base, +1; Redis at base + 2; engines from base + 8
-    return override(config, serve={"port": base, "redis_port": base + 2, "base_port": base + 8, **serve})
+    return override(config, serve={**free_serve_ports(), **serve})
 
 
 def replay_split(urls: list[str], config: RunConfig, slo, sessions=None):

@@ -144,8 +144,8 @@ async def _events(url: str, reply: httpx.Response) -> AsyncIterator[Chunk]:
                 return
             event = json.loads(data)
             if "error" in event:  # vLLM reports a failure after the stream began this way, under HTTP 200
-                error = event["error"] if isinstance(event["error"], dict) else {"message": event["error"]}
-                raise EngineError(url, "status", str(error.get("message")), error.get("code") or 500)
+                code = event["error"].get("code") if isinstance(event["error"], dict) else None
+                raise EngineError(url, "status", error_message(event, data), code if isinstance(code, int) else 500)
             choices = event.get("choices") or [{}]
             yield Chunk(tuple(choices[0].get("token_ids") or ()), choices[0].get("text") or "", event)
     except (httpx.HTTPError, json.JSONDecodeError) as err:
@@ -158,8 +158,27 @@ def _headers(session_id: str) -> dict[str, str]:
     return {"X-Session-Id": quote(session_id, safe="")}
 
 
+ERROR_TEXT_CHARS = 200  # an error body that is not vLLM's JSON shape is cut to this length
+
+
+def error_message(payload: object, text: str = "") -> str:
+    """The message of an error reply or event: vLLM's ``{"error": {"message": ...}}``
+    (or ``{"error": "..."}``, or FastAPI's ``{"detail": ...}``), else the start of
+    the raw ``text``."""
+    if isinstance(payload, dict):
+        error = payload.get("error")
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        if "detail" in payload:
+            return str(payload["detail"])
+    return text[:ERROR_TEXT_CHARS]
+
+
 def _error_message(text: str) -> str:
     try:
-        return str(json.loads(text)["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return text[:500]
+        payload = json.loads(text)
+    except ValueError:
+        payload = None
+    return error_message(payload, text)

@@ -33,6 +33,7 @@ from ampd.metrics.records import RoundRecord, SessionRecord
 from ampd.metrics.slo import SloScope
 from ampd.metrics.summary import RunSummary, summarize
 from ampd.serve.clock import ScaledClock
+from ampd.serve.engine_client import ERROR_TEXT_CHARS, error_message
 
 # Request headers (read by the coordinator) and response headers (set by it).
 SESSION_ID_HEADER = "X-Session-Id"
@@ -44,7 +45,6 @@ LOCAL_HEADER = "X-Ampd-Local"
 COMPLETIONS_PATH = "/v1/completions"
 DEFAULT_VOCAB_SIZE = 32_000  # [our choice] ids every common tokenizer accepts (Llama-2: 32000; Llama-3, Qwen: more)
 DEFAULT_TIMEOUT_S = 300.0  # [our choice] longest silence tolerated on one request, wall seconds
-_ERROR_TEXT_CHARS = 200  # an error body that is not vLLM's JSON shape is cut to this length
 
 Failure = tuple[str, int, str]  # (session_id, round_index, reason)
 
@@ -153,11 +153,11 @@ def _chunk_token_ids(data: str) -> list[int]:
     try:
         chunk = json.loads(data)
     except json.JSONDecodeError:
-        raise RoundFailed(f"bad stream chunk (not JSON): {data[:_ERROR_TEXT_CHARS]!r}") from None
+        raise RoundFailed(f"bad stream chunk (not JSON): {data[:ERROR_TEXT_CHARS]!r}") from None
     if not isinstance(chunk, dict):
-        raise RoundFailed(f"bad stream chunk (not an object): {data[:_ERROR_TEXT_CHARS]!r}")
+        raise RoundFailed(f"bad stream chunk (not an object): {data[:ERROR_TEXT_CHARS]!r}")
     if "error" in chunk:
-        raise RoundFailed(f"stream error: {_error_message(chunk, data)}")
+        raise RoundFailed(f"stream error: {error_message(chunk, data)}")
     choices = chunk.get("choices") or []
     if not choices:
         return []
@@ -169,20 +169,6 @@ def _chunk_token_ids(data: str) -> list[int]:
     return list(token_ids)
 
 
-def _error_message(payload: object, text: str) -> str:
-    """vLLM's ``{"error": {"message": ...}}`` (or ``{"detail": ...}``, FastAPI's),
-    else the start of the raw text."""
-    if isinstance(payload, dict):
-        error = payload.get("error")
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-        if "detail" in payload:
-            return str(payload["detail"])
-    return text[:_ERROR_TEXT_CHARS]
-
-
 async def _http_error_reason(response: httpx.Response) -> str:
     """``HTTP <status>: <message>`` of an error reply."""
     text = (await response.aread()).decode(errors="replace")
@@ -190,7 +176,7 @@ async def _http_error_reason(response: httpx.Response) -> str:
         payload = json.loads(text)
     except json.JSONDecodeError:
         payload = None
-    return f"HTTP {response.status_code}: {_error_message(payload, text)}"
+    return f"HTTP {response.status_code}: {error_message(payload, text)}"
 
 
 class _Replayer:

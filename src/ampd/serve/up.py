@@ -59,6 +59,17 @@ def free_port_block(count: int, tries: int = 100) -> int:
     raise InputError(f"no {count} consecutive free ports found")
 
 
+def free_serve_ports(coordinators: int = 2, engines: int = 32) -> dict[str, int]:
+    """``serve`` fields for a throwaway local cluster on free ports: coordinators
+    from ``port``, Redis on the next port, engines from ``base_port`` after that.
+
+    Raises:
+        InputError: no block of free ports found.
+    """
+    port = free_port_block(coordinators + 1 + engines)
+    return {"port": port, "redis_port": port + coordinators, "base_port": port + coordinators + 1}
+
+
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         try:
