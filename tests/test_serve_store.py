@@ -224,6 +224,23 @@ def test_the_mirror_follows_changes_made_by_another_replica(redis_server):
         [direct] = await a.snapshot([0], ScaledClock().now_s())
         assert [e.key for e in mirrored.queue] == ["y#0"] and [e.key for e in mirrored.inflight] == ["x#0"]
         assert mirrored.ttft_mean_s == pytest.approx(1.5) == direct.ttft_mean_s
+        # the pipelined writes announce themselves too: liveness, bindings, in-flight entries
+        async def settled_1(predicate):
+            for _ in range(200):
+                if predicate(mirror.states([1])[0]):
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"mirror never showed the change: {mirror.states([1])}")
+        await b.set_alive(1, False)
+        await settled_1(lambda s: not s.alive)
+        await b.bind_session("s", SessionState(1, 0, 250, 0, 1.0), 1000)
+        await settled_1(lambda s: s.kv_used_tokens == 250)
+        await b.end_session("s")
+        await settled_1(lambda s: s.kv_used_tokens == 0)
+        await b.add_inflight(1, entry("local"))
+        await settled_1(lambda s: [e.key for e in s.inflight] == ["local#0"])
+        await b.remove_inflight(1, "local#0")
+        await settled_1(lambda s: s.inflight == [])
         await mirror.stop()
         await a.close()
         await b.close()
