@@ -11,7 +11,8 @@ from ampd.core.task import PrefillTask
 from ampd.core.view import QueuedTask
 from ampd.serve.memory_store import MemoryStore
 from ampd.serve.redis_store import RedisStore
-from ampd.serve.store import BOUND, FULL, TAKEN, QueueEntry, SessionState, StoreUnavailable, WorkerInfo
+from ampd.serve.store import (BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, MISSING, STARTED, TAKEN, QueueEntry,
+                              SessionState, StoreUnavailable, WorkerInfo)
 
 _prefixes = itertools.count()
 WORKERS = [WorkerInfo(WorkerSpec(0, Role.PREFILL, 2, 0), "http://127.0.0.1:9000", "mock"),
@@ -50,26 +51,102 @@ def test_registry_round_trip_and_liveness(make_store):
     run(go())
 
 
+async def kv_totals(store, worker_ids=(0, 1)) -> list[int]:
+    return [s.kv_used_tokens for s in await store.snapshot(list(worker_ids), 3.0)]
+
+
 def test_binding_reserves_and_frees_kv(make_store):
     async def go():
         store = make_store()
-        assert await store.bind_session("s", SessionState(1, 0, 300, 0, 1.0), 1000) == BOUND
-        assert await store.bind_session("s", SessionState(0, 0, 999, 0, 1.0), 1000) == TAKEN  # first binder wins
-        assert await store.bind_session("t", SessionState(1, 0, 701, 0, 1.0), 1000) == FULL  # 300 + 701 > 1000
-        assert await store.get_session("t") is None
-        state = await store.get_session("s")
-        assert state == SessionState(1, 0, 300, 0, 1.0)
+        first = SessionState(1, 0, 300, 1, 1.0)
+        assert await store.bind_session("s", first, 1000, "a#1", 10.0) == BOUND
+        assert await store.bind_session("s", SessionState(0, 0, 999, 1, 1.0), 1000, "b#1", 10.0) == TAKEN
+        assert await store.bind_session("t", SessionState(1, 0, 701, 1, 1.0), 1000, "b#2", 10.0) == FULL  # 300 + 701
+        assert await store.sessions() == {"s": first}
         grown = SessionState(1, 300, 700, 1, 2.0)
-        await store.update_session("s", state, grown)
-        assert (await store.snapshot([1], 3.0))[0].kv_used_tokens == 700
-        moved = SessionState(0, 0, 650, 1, 2.0)  # rebinding moves the reservation
-        await store.update_session("s", grown, moved)
-        used = [s.kv_used_tokens for s in await store.snapshot([0, 1], 3.0)]
-        assert used == [650, 0]
-        await store.end_session("s")
-        await store.end_session("s")  # twice is harmless
-        assert [s.kv_used_tokens for s in await store.snapshot([0, 1], 3.0)] == [0, 0]
-        assert await store.get_session("s") is None
+        assert await store.move_session("s", "a#1", grown, 1000, 10.0) == DONE  # 700 replaces 300, not added
+        assert await kv_totals(store) == [0, 700]
+        assert await store.move_session("s", "a#1", SessionState(0, 0, 1001, 1, 2.0), 1000, 10.0) == FULL
+        assert await store.move_session("s", "a#1", SessionState(0, 0, 650, 1, 2.0), 1000, 10.0) == DONE
+        assert await kv_totals(store) == [650, 0]
+        assert await store.close_round("s", "a#1", None) == DONE
+        assert await store.close_round("s", "a#1", None) == DONE  # twice is harmless
+        assert await kv_totals(store) == [0, 0] and await store.sessions() == {}
+        await store.close()
+    run(go())
+
+
+def test_one_round_per_session_and_reservations_move_by_the_stored_value(make_store):
+    """The lease makes a second round of a session BUSY wherever it comes from;
+    a round's start grows the stored reservation to what it needs (never shrinks
+    it), so the total moves by ``need - stored``, whatever copy a caller holds."""
+    async def go():
+        store = make_store()
+        assert await store.bind_session("s", SessionState(1, 0, 300, 1, 1.0, "k"), 1000, "a#1", 10.0) == BOUND
+        assert (await store.start_round("s", "k", "b#1", 10.0, 500, 2.0)).outcome == BUSY  # round 1 still runs
+        done = SessionState(1, 280, 300, 1, 3.0, "k")
+        assert await store.close_round("s", "a#1", done) == DONE
+        assert (await store.start_round("s", "other", "b#1", 10.0, 500, 4.0)).outcome == FORBIDDEN
+        assert (await store.start_round("nobody", "k", "b#1", 10.0, 500, 4.0)).outcome == MISSING
+        start = await store.start_round("s", "k", "b#1", 10.0, 500, 4.0)
+        assert (start.outcome, start.before) == (STARTED, done)
+        assert start.after == SessionState(1, 280, 500, 2, 4.0, "k")
+        assert (await store.start_round("s", "k", "a#2", 10.0, 900, 4.5)).outcome == BUSY
+        assert await kv_totals(store) == [0, 500]
+        assert await store.close_round("s", "a#2", None) == LOST  # not the lease holder: nothing changes
+        assert await kv_totals(store) == [0, 500]
+        assert await store.close_round("s", "b#1", SessionState(1, 280, 300, 2, 5.0, "k")) == DONE  # given back
+        assert await kv_totals(store) == [0, 300]
+        start = await store.start_round("s", "k", "a#3", 10.0, 100, 6.0)  # needs less than it holds
+        assert start.after.reserved_tokens == 300 and await kv_totals(store) == [0, 300]
+        await store.close()
+    run(go())
+
+
+def test_leases_expire_and_renew(make_store):
+    async def go():
+        store = make_store()
+        await store.bind_session("s", SessionState(1, 0, 100, 1, 1.0), 1000, "a#1", 0.05)
+        await asyncio.sleep(0.2)  # the holder stopped renewing: the session is free again
+        assert (await store.start_round("s", "", "b#1", 10.0, 100, 2.0)).outcome == STARTED
+        assert await store.renew_leases({"s": "b#1"}, 10.0) == []
+        assert await store.renew_leases({"s": "a#1"}, 10.0) == ["s"]
+        assert await store.close_round("s", "b#1", SessionState(1, 50, 100, 2, 3.0)) == DONE
+        assert await store.renew_leases({"s": "b#1"}, 10.0) == []  # a vanished lease is taken back
+        assert (await store.start_round("s", "", "c#1", 10.0, 100, 4.0)).outcome == BUSY
+        await store.close()
+    run(go())
+
+
+def test_audit_repairs_a_total_that_differs_from_the_sum_over_sessions(make_store):
+    async def go():
+        store = make_store()
+        await store.bind_session("a", SessionState(1, 0, 300, 1, 1.0), 1000, "x#1", 10.0)
+        await store.bind_session("b", SessionState(1, 0, 200, 1, 1.0), 1000, "x#2", 10.0)
+        assert await store.audit_kv([0, 1]) == {0: (0, 0), 1: (500, 500)}
+        if isinstance(store, RedisStore):  # only a hand edit can make a total drift
+            await store._redis.hincrby(store._k("w", 1), "kv", 77)
+        else:
+            store._kv_used[1] += 77
+        assert await store.audit_kv([0, 1]) == {0: (0, 0), 1: (577, 500)}
+        assert await kv_totals(store) == [0, 500]
+        await store.close()
+    run(go())
+
+
+def test_restore_adds_back_lost_bindings_and_keeps_the_newest(make_store):
+    async def go():
+        store = make_store()
+        epoch = await store.epoch()
+        assert await store.epoch() == epoch
+        await store.bind_session("live", SessionState(1, 0, 300, 2, 1.0), 1000, "x#1", 10.0)
+        written = await store.restore_sessions({"live": SessionState(0, 0, 999, 1, 1.0),  # older: kept out
+                                                "lost": SessionState(0, 100, 400, 3, 1.0)})
+        assert written == ["lost"]
+        assert await kv_totals(store) == [400, 300]
+        await store.close_round("live", "x#1", SessionState(1, 280, 300, 2, 2.0))
+        assert await store.restore_sessions({"live": SessionState(0, 0, 350, 3, 1.0)}) == ["live"]  # newer, free
+        assert await kv_totals(store) == [750, 0]
         await store.close()
     run(go())
 
@@ -150,14 +227,16 @@ def test_unreachable_redis_is_a_clear_error():
     run(go())
 
 
-def test_idle_sessions_expire_and_free_their_kv(make_store):
+def test_idle_sessions_expire_and_free_their_kv_unless_a_round_runs(make_store):
     async def go():
         store = make_store()
-        await store.bind_session("old", SessionState(1, 0, 300, 1, 5.0), 1000)
-        await store.bind_session("new", SessionState(1, 0, 200, 1, 50.0), 1000)
-        assert await store.expire_sessions(10.0) == ["old"]
-        assert await store.get_session("old") is None and await store.get_session("new") is not None
-        assert (await store.snapshot([1], 60.0))[0].kv_used_tokens == 200
+        await store.bind_session("old", SessionState(1, 0, 300, 1, 5.0), 1000, "x#1", 10.0)
+        await store.bind_session("busy", SessionState(1, 0, 100, 1, 5.0), 1000, "x#2", 10.0)
+        await store.bind_session("new", SessionState(1, 0, 200, 1, 50.0), 1000, "x#3", 10.0)
+        await store.close_round("old", "x#1", SessionState(1, 0, 300, 1, 5.0))
+        assert await store.expire_sessions(10.0) == ["old"]  # "busy" is as idle, but its round holds a lease
+        assert sorted(await store.sessions()) == ["busy", "new"]
+        assert (await store.snapshot([1], 60.0))[0].kv_used_tokens == 300
         assert await store.expire_sessions(10.0) == []
         await store.close()
     run(go())
@@ -185,7 +264,7 @@ def test_a_coordinator_drops_in_flight_entries_nobody_owns():
         fresh = QueueEntry(fresh.queued, "alive", now_s - 59.0)
         await coordinator.store.add_inflight(0, old)
         await coordinator.store.add_inflight(0, fresh)
-        await coordinator._drop_stale_inflight(await coordinator.store.snapshot([0, 1], now_s))
+        await coordinator.sweep.drop_stale(await coordinator.store.snapshot([0, 1], now_s))
         [state] = await coordinator.store.snapshot([0], now_s)
         return [e.key for e in state.inflight]
     assert run(go()) == ["live-owner#0"]
@@ -233,9 +312,9 @@ def test_the_mirror_follows_changes_made_by_another_replica(redis_server):
             raise AssertionError(f"mirror never showed the change: {mirror.states([1])}")
         await b.set_alive(1, False)
         await settled_1(lambda s: not s.alive)
-        await b.bind_session("s", SessionState(1, 0, 250, 0, 1.0), 1000)
+        await b.bind_session("s", SessionState(1, 0, 250, 0, 1.0), 1000, "b#1", 10.0)
         await settled_1(lambda s: s.kv_used_tokens == 250)
-        await b.end_session("s")
+        await b.close_round("s", "b#1", None)
         await settled_1(lambda s: s.kv_used_tokens == 0)
         await b.add_inflight(1, entry("local"))
         await settled_1(lambda s: [e.key for e in s.inflight] == ["local#0"])

@@ -111,8 +111,8 @@ class PrefillDispatcher:
             reply = await self.engines.complete(self.workers[worker_id].url, json.loads(payload), task.session_id,
                                                 self.timeout_s * self.clock.time_scale)
             message.update(ok=True, kv_transfer_params=reply.get("kv_transfer_params"))
-        except EngineError as err:
-            message.update(ok=False, error=str(err), reason=err.reason)
+        except EngineError as err:  # the message, not the engine's URL: it may reach the client
+            message.update(ok=False, error=err.message, reason=err.reason, status=err.status)
             if err.engine_down:
                 await self.on_engine_down(worker_id)
         except Exception as err:  # never leave the slot taken: the owner recomputes locally

@@ -3,23 +3,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import time
 from collections import defaultdict
 
 from ampd.core.view import QueuedTask
 from ampd.policy.window import SlidingWindowMean
-from ampd.serve.store import BOUND, FULL, TAKEN, QueueEntry, ResultHandler, SessionState, WorkerInfo, WorkerState
+from ampd.serve.store import (BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, MISSING, STARTED, TAKEN, QueueEntry,
+                              ResultHandler, RoundStart, SessionState, WorkerInfo, WorkerState)
 
 
 class MemoryStore:
-    """``StateStore`` for one process: nothing is shared, every lease is granted
-    to its caller, a published message goes straight to the subscribed handler.
-    Windows are exact (``SlidingWindowMean``)."""
+    """``StateStore`` for one process: nothing is shared, every dispatch lease is
+    granted to its caller, a published message goes straight to the subscribed
+    handler. Windows are exact (``SlidingWindowMean``). Round leases expire on
+    the monotonic clock. A worker's KV total changes only in ``_replace``, with
+    the binding it counts, so it cannot drift."""
 
     def __init__(self, window_s: float = 10.0) -> None:
         self._workers: dict[int, WorkerInfo] = {}
         self._dead: set[int] = set()
         self._sessions: dict[str, SessionState] = {}
+        self._round_leases: dict[str, tuple[str, float]] = {}  # session -> (lease, monotonic expiry)
         self._kv_used: dict[int, int] = defaultdict(int)
         self._queues: dict[int, list[tuple[QueueEntry, str]]] = defaultdict(list)
         self._postponements: dict[str, int] = {}
@@ -61,33 +67,111 @@ class MemoryStore:
     async def set_alive(self, worker_id: int, alive: bool) -> None:
         (self._dead.discard if alive else self._dead.add)(worker_id)
 
-    async def get_session(self, session_id: str) -> SessionState | None:
-        return self._sessions.get(session_id)
+    async def sessions(self) -> dict[str, SessionState]:
+        return dict(self._sessions)
 
-    async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int) -> str:
+    def _holder(self, session_id: str) -> str | None:
+        held = self._round_leases.get(session_id)
+        if held is not None and held[1] <= time.monotonic():
+            del self._round_leases[session_id]
+            return None
+        return held[0] if held is not None else None
+
+    def _lease(self, session_id: str, lease: str, ttl_s: float) -> None:
+        self._round_leases[session_id] = (lease, time.monotonic() + ttl_s)
+
+    def _replace(self, session_id: str, state: SessionState | None) -> None:
+        """The one place a binding changes: the worker totals move with it."""
+        old = self._sessions.pop(session_id, None)
+        if old is not None:
+            self._kv_used[old.decode_worker] -= old.reserved_tokens
+        if state is not None:
+            self._sessions[session_id] = state
+            self._kv_used[state.decode_worker] += state.reserved_tokens
+
+    async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int, lease: str,
+                           lease_ttl_s: float) -> str:
         if session_id in self._sessions:
             return TAKEN
+        if self._holder(session_id) not in (None, lease):
+            return BUSY
         if self._kv_used[state.decode_worker] + state.reserved_tokens > capacity_tokens:
             return FULL
-        self._sessions[session_id] = state
-        self._kv_used[state.decode_worker] += state.reserved_tokens
+        self._replace(session_id, state)
+        self._lease(session_id, lease, lease_ttl_s)
         return BOUND
 
-    async def update_session(self, session_id: str, old: SessionState, new: SessionState) -> None:
-        self._kv_used[old.decode_worker] -= old.reserved_tokens
-        self._kv_used[new.decode_worker] += new.reserved_tokens
-        self._sessions[session_id] = new
+    async def start_round(self, session_id: str, scope: str, lease: str, lease_ttl_s: float, need_tokens: int,
+                          now_s: float) -> RoundStart:
+        before = self._sessions.get(session_id)
+        if before is None:
+            return RoundStart(MISSING)
+        if before.scope != scope:
+            return RoundStart(FORBIDDEN)
+        if self._holder(session_id) is not None:
+            return RoundStart(BUSY)
+        self._lease(session_id, lease, lease_ttl_s)
+        after = dataclasses.replace(before, reserved_tokens=max(before.reserved_tokens, need_tokens),
+                                    num_rounds=before.num_rounds + 1, last_s=now_s)
+        self._replace(session_id, after)
+        return RoundStart(STARTED, before, after)
 
-    async def end_session(self, session_id: str) -> None:
-        state = self._sessions.pop(session_id, None)
-        if state is not None:
-            self._kv_used[state.decode_worker] -= state.reserved_tokens
+    async def move_session(self, session_id: str, lease: str, state: SessionState, capacity_tokens: int,
+                           lease_ttl_s: float) -> str:
+        if self._holder(session_id) not in (None, lease):
+            return LOST
+        old = self._sessions.get(session_id)
+        others = self._kv_used[state.decode_worker]
+        if old is not None and old.decode_worker == state.decode_worker:
+            others -= old.reserved_tokens
+        if others + state.reserved_tokens > capacity_tokens:
+            return FULL
+        self._replace(session_id, state)
+        self._lease(session_id, lease, lease_ttl_s)
+        return DONE
+
+    async def close_round(self, session_id: str, lease: str, state: SessionState | None) -> str:
+        if self._holder(session_id) not in (None, lease):
+            return LOST
+        self._replace(session_id, state)
+        self._round_leases.pop(session_id, None)
+        return DONE
+
+    async def renew_leases(self, leases: dict[str, str], lease_ttl_s: float) -> list[str]:
+        lost = []
+        for session_id, lease in leases.items():
+            if self._holder(session_id) in (None, lease):
+                self._lease(session_id, lease, lease_ttl_s)
+            else:
+                lost.append(session_id)
+        return lost
 
     async def expire_sessions(self, idle_before_s: float) -> list[str]:
-        idle = [sid for sid, state in self._sessions.items() if state.last_s < idle_before_s]
+        idle = [sid for sid, state in self._sessions.items()
+                if state.last_s < idle_before_s and self._holder(sid) is None]
         for sid in idle:
-            await self.end_session(sid)
+            self._replace(sid, None)
         return idle
+
+    async def audit_kv(self, worker_ids: list[int]) -> dict[int, tuple[int, int]]:
+        derived = dict.fromkeys(worker_ids, 0)
+        for state in self._sessions.values():
+            derived[state.decode_worker] = derived.get(state.decode_worker, 0) + state.reserved_tokens
+        totals = {w: (self._kv_used[w], total) for w, total in derived.items()}
+        self._kv_used.update(derived)
+        return totals
+
+    async def restore_sessions(self, states: dict[str, SessionState]) -> list[str]:
+        written = []
+        for session_id, state in states.items():
+            old = self._sessions.get(session_id)
+            if old is None or (old.num_rounds < state.num_rounds and self._holder(session_id) is None):
+                self._replace(session_id, state)
+                written.append(session_id)
+        return written
+
+    async def epoch(self) -> str:
+        return "memory"  # the store lives and dies with its process: it never loses state under a replica
 
     async def push(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
         self._queues[worker_id].append((entry, payload))

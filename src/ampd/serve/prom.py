@@ -27,6 +27,17 @@ class ServeMetrics:
                              buckets=_LATENCY_BUCKETS_S)
         self.decision = Histogram("ampd_route_decision_seconds", "Wall time to read the shared state and route "
                                   "one prefill", registry=r, buckets=_DECISION_BUCKETS_S)
+        self.kv_reserved = Gauge("ampd_kv_reserved_tokens", "KV tokens reserved on a decode engine: the sum over "
+                                 "its sessions at the last audit", ["worker"], registry=r)
+        self.kv_audit_repairs = Counter("ampd_kv_audit_repairs", "Decode engine KV totals the audit found different "
+                                        "from the sum over their sessions, and repaired", ["worker"], registry=r)
+        self.kv_audit_repaired_tokens = Counter("ampd_kv_audit_repaired_tokens", "Tokens by which repaired KV "
+                                                "totals were off", registry=r)
+        self.sessions_restored = Counter("ampd_sessions_restored", "Bindings given back to a store that restarted "
+                                         "empty", registry=r)
+        self.round_failures = Counter("ampd_round_failures", "Rounds that ended without their output, by cause "
+                                      "(client: 4xx; server: 5xx; disconnect: the client left)", ["cause"],
+                                      registry=r)
         self.worker_up = Gauge("ampd_worker_up", "1 when the engine answers its health check", ["worker"],
                                registry=r)
 

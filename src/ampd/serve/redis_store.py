@@ -9,9 +9,13 @@ Layout, every key under ``prefix`` (default ``ampd:``):
 | ``w:<worker>`` | hash | the worker's small state, one field each: ``dead`` (present when dead), ``kv`` (KV tokens reserved), ``win:<kind>:<slot>`` (``bucket|sum|count``), ``postp:<task>`` (postponements), ``infl:<task>`` (in-flight entry JSON) |
 | ``q:<worker>`` | list | waiting entries (JSON), queue order |
 | ``qp:<worker>`` | hash | task key -> request body to send |
-| ``session:<id>`` | string | SessionState JSON |
+| ``sessions`` | hash | session id -> SessionState JSON (``[worker, held, reserved, rounds, last_s, scope]``) |
+| ``round:<session>`` | string | the lease of the session's round in flight (expires) |
 | ``lease:<worker>`` | string | replica id allowed to dispatch the queue (expires) |
+| ``epoch`` | string | an id of the store's contents: a new one after a restart that lost them |
 | channel ``results:<replica>`` | pub/sub | prefill results for that replica |
+| channel ``changes`` | pub/sub | ids of workers whose state changed (``StateMirror``) |
+| channel ``owners`` | pub/sub | ``[session, replica]`` when a replica starts a round of a session |
 
 One hash per worker keeps a routing snapshot at two reads per worker in one
 script (the routing-time benchmark, bench/bench_serve_routing.py). Windows are
@@ -19,6 +23,11 @@ bucketed: ``BUCKETS`` buckets of ``window_s / BUCKETS`` seconds each, so the mea
 covers the last ``window_s`` seconds to within one bucket ([our choice]: bounded
 memory whatever the rate). Every multi-key change is one Lua script, hence
 atomic across replicas.
+
+KV reservations: a worker's ``kv`` field is changed only by the scripts that
+change a binding in ``sessions``, by the difference between the new reservation
+and the one stored (read inside the script), so no replica's copy of a session
+can make it drift; ``_AUDIT`` recomputes every total from ``sessions``.
 """
 
 from __future__ import annotations
@@ -29,13 +38,15 @@ import inspect
 import json
 import logging
 import math
+import uuid
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ampd.core.view import QueuedTask
-from ampd.serve.store import QueueEntry, ResultHandler, SessionState, StoreUnavailable, WorkerInfo, WorkerState
+from ampd.serve.store import (STARTED, QueueEntry, ResultHandler, RoundStart, SessionState, StoreUnavailable,
+                              WorkerInfo, WorkerState)
 
 log = logging.getLogger(__name__)
 
@@ -79,26 +90,151 @@ return '[' .. table.concat(parts, ',') .. ']'
 # Every script that changes a worker's state announces it on the change feed itself
 # (its last two ARGV: the channel and the worker id), in the same round trip.
 
-# KEYS: session, worker hash; ARGV: state JSON, reserved tokens, the worker's capacity, channel, worker
-_BIND = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 'taken' end
-if tonumber(redis.call('HGET', KEYS[2], 'kv') or '0') + tonumber(ARGV[2]) > tonumber(ARGV[3]) then return 'full' end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('HINCRBY', KEYS[2], 'kv', ARGV[2])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+# Session scripts. A binding is ``[worker, held, reserved, rounds, last_s, scope]``; each
+# script moves the workers' ``kv`` totals by what it changes in the binding as stored.
+_SESSION_LIB = """
+local p = ARGV[1]
+local function kv(worker, delta)
+  if delta ~= 0 then
+    redis.call('HINCRBY', p .. 'w:' .. worker, 'kv', string.format('%d', delta))
+    redis.call('PUBLISH', p .. 'changes', tostring(worker))
+  end
+end
+local function put(sid, old, text)
+  local new = text and cjson.decode(text)
+  if old and new and old[1] == new[1] then kv(new[1], new[3] - old[3])
+  else
+    if old then kv(old[1], -old[3]) end
+    if new then kv(new[1], new[3]) end
+  end
+  if new then redis.call('HSET', p .. 'sessions', sid, text) else redis.call('HDEL', p .. 'sessions', sid) end
+end
+local function stored(sid)
+  local text = redis.call('HGET', p .. 'sessions', sid)
+  return text and cjson.decode(text)
+end
+local function owner(sid, replica)
+  redis.call('PUBLISH', p .. 'owners', cjson.encode({sid, replica}))
+end
+"""
+
+# ARGV: prefix, session, state JSON, capacity, lease, lease ms, replica
+_BIND = _SESSION_LIB + """
+local sid, new = ARGV[2], cjson.decode(ARGV[3])
+local lease_key = p .. 'round:' .. sid
+if redis.call('HEXISTS', p .. 'sessions', sid) == 1 then return 'taken' end
+local holder = redis.call('GET', lease_key)
+if holder and holder ~= ARGV[5] then return 'busy' end
+if tonumber(redis.call('HGET', p .. 'w:' .. new[1], 'kv') or '0') + new[3] > tonumber(ARGV[4]) then return 'full' end
+put(sid, nil, ARGV[3])
+redis.call('SET', lease_key, ARGV[5], 'PX', ARGV[6])
+owner(sid, ARGV[7])
 return 'bound'
 """
 
-# ARGV: prefix, and optionally a time: end only a session idle since before it
-_END = """
-local text = redis.call('GET', KEYS[1])
-if not text then return 0 end
-local state = cjson.decode(text)
-if ARGV[2] and state[5] >= tonumber(ARGV[2]) then return 0 end
-redis.call('HINCRBY', ARGV[1] .. 'w:' .. state[1], 'kv', -state[3])
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[1] .. 'changes', tostring(state[1]))
-return 1
+# ARGV: prefix, session, scope, lease, lease ms, need tokens, now, replica
+_START = _SESSION_LIB + """
+local sid = ARGV[2]
+local text = redis.call('HGET', p .. 'sessions', sid)
+if not text then return {'missing'} end
+local s = cjson.decode(text)
+if (s[6] or '') ~= ARGV[3] then return {'forbidden'} end
+if not redis.call('SET', p .. 'round:' .. sid, ARGV[4], 'NX', 'PX', ARGV[5]) then return {'busy'} end
+local old = cjson.decode(text)
+s[3] = math.max(s[3], tonumber(ARGV[6]))
+s[4] = s[4] + 1
+s[5] = tonumber(ARGV[7])
+local after = cjson.encode(s)
+put(sid, old, after)
+owner(sid, ARGV[8])
+return {'started', text, after}
+"""
+
+# ARGV: prefix, session, lease, state JSON ('' to drop), capacity ('' unchecked), lease ms ('0' to release)
+_PUT = _SESSION_LIB + """
+local sid = ARGV[2]
+local lease_key = p .. 'round:' .. sid
+local holder = redis.call('GET', lease_key)
+if holder and holder ~= ARGV[3] then return 'lost' end
+local old = stored(sid)
+local text = ARGV[4] ~= '' and ARGV[4] or nil
+if text and ARGV[5] ~= '' then
+  local new = cjson.decode(text)
+  local used = tonumber(redis.call('HGET', p .. 'w:' .. new[1], 'kv') or '0')
+  if old and old[1] == new[1] then used = used - old[3] end
+  if used + new[3] > tonumber(ARGV[5]) then return 'full' end
+end
+put(sid, old, text)
+if ARGV[6] == '0' then redis.call('DEL', lease_key) else redis.call('SET', lease_key, ARGV[3], 'PX', ARGV[6]) end
+return 'done'
+"""
+
+# ARGV: prefix, lease ms, then session, lease pairs
+_RENEW = """
+local lost = {}
+for i = 3, #ARGV, 2 do
+  local key = ARGV[1] .. 'round:' .. ARGV[i]
+  local holder = redis.call('GET', key)
+  if holder == ARGV[i + 1] then redis.call('PEXPIRE', key, ARGV[2])
+  elseif not holder then redis.call('SET', key, ARGV[i + 1], 'PX', ARGV[2])
+  else lost[#lost + 1] = ARGV[i] end
+end
+return lost
+"""
+
+# ARGV: prefix, idle before (model s)
+_EXPIRE = _SESSION_LIB + """
+local ended = {}
+local all = redis.call('HGETALL', p .. 'sessions')
+for i = 1, #all, 2 do
+  local sid, s = all[i], cjson.decode(all[i + 1])
+  if s[5] < tonumber(ARGV[2]) and redis.call('EXISTS', p .. 'round:' .. sid) == 0 then
+    put(sid, s, nil)
+    ended[#ended + 1] = sid
+  end
+end
+return ended
+"""
+
+# ARGV: prefix, worker ids; returns 'worker,stored,derived' of each worker, the stored total repaired
+_AUDIT = """
+local p = ARGV[1]
+local sums = {}
+for i = 2, #ARGV do sums[ARGV[i]] = 0 end
+for _, text in ipairs(redis.call('HVALS', p .. 'sessions')) do
+  local s = cjson.decode(text)
+  local w = string.format('%d', s[1])
+  sums[w] = (sums[w] or 0) + s[3]
+end
+local totals = {}
+for w, derived in pairs(sums) do
+  local stored = tonumber(redis.call('HGET', p .. 'w:' .. w, 'kv') or '0')
+  if stored ~= derived then
+    redis.call('HSET', p .. 'w:' .. w, 'kv', string.format('%d', derived))
+    redis.call('PUBLISH', p .. 'changes', w)
+  end
+  totals[#totals + 1] = w .. ',' .. string.format('%d', stored) .. ',' .. string.format('%d', derived)
+end
+return totals
+"""
+
+# ARGV: prefix, then session, state JSON pairs
+_RESTORE = _SESSION_LIB + """
+local written = {}
+for i = 2, #ARGV, 2 do
+  local sid = ARGV[i]
+  local old, new = stored(sid), cjson.decode(ARGV[i + 1])
+  if not old or (old[4] < new[4] and redis.call('EXISTS', p .. 'round:' .. sid) == 0) then
+    put(sid, old, ARGV[i + 1])
+    written[#written + 1] = sid
+  end
+end
+return written
+"""
+
+_EPOCH = """
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
 """
 
 # KEYS: q, qp; ARGV: task key, entry JSON, payload, channel, worker
@@ -155,8 +291,9 @@ class RedisStore:
         self._redis = aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=timeout_s,
                                               socket_connect_timeout=timeout_s)
         self._scripts = {name: self._redis.register_script(code) for name, code in (
-            ("snapshot", _SNAPSHOT), ("bind", _BIND), ("end", _END), ("push", _PUSH), ("take", _TAKE),
-            ("samples", _SAMPLES), ("release", _RELEASE))}
+            ("snapshot", _SNAPSHOT), ("bind", _BIND), ("start", _START), ("put", _PUT), ("renew", _RENEW),
+            ("expire", _EXPIRE), ("audit", _AUDIT), ("restore", _RESTORE), ("epoch", _EPOCH), ("push", _PUSH),
+            ("take", _TAKE), ("samples", _SAMPLES), ("release", _RELEASE))}
         self._listeners: list[asyncio.Task] = []
         self._entries: dict[tuple, QueueEntry] = {}
 
@@ -214,35 +351,67 @@ class RedisStore:
         key = self._k("w", worker_id)
         await self._write(worker_id, lambda pipe: pipe.hdel(key, "dead") if alive else pipe.hset(key, "dead", 1))
 
-    async def get_session(self, session_id: str) -> SessionState | None:
-        text = await self._run(self._redis.get(self._k("session", session_id)))
-        return SessionState.from_json(text) if text else None
+    async def sessions(self) -> dict[str, SessionState]:
+        """Reads the whole ``sessions`` hash: O(sessions)."""
+        entries = await self._run(self._redis.hgetall(self._k("sessions")))
+        return {sid: SessionState.from_json(text) for sid, text in entries.items()}
 
-    async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int) -> str:
-        keys = [self._k("session", session_id), self._k("w", state.decode_worker)]
-        return await self._script("bind", keys, [state.to_json(), state.reserved_tokens, capacity_tokens,
-                                                 *self._feed(state.decode_worker)])
+    async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int, lease: str,
+                           lease_ttl_s: float) -> str:
+        return await self._script("bind", [], [self.prefix, session_id, state.to_json(), capacity_tokens, lease,
+                                               _ms(lease_ttl_s), _replica(lease)])
 
-    async def update_session(self, session_id: str, old: SessionState, new: SessionState) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.set(self._k("session", session_id), new.to_json())
-            pipe.hincrby(self._k("w", old.decode_worker), "kv", -old.reserved_tokens)
-            pipe.hincrby(self._k("w", new.decode_worker), "kv", new.reserved_tokens)
-            pipe.publish(self._k("changes"), f"{old.decode_worker},{new.decode_worker}")
-            await self._run(pipe.execute())
+    async def start_round(self, session_id: str, scope: str, lease: str, lease_ttl_s: float, need_tokens: int,
+                          now_s: float) -> RoundStart:
+        reply = await self._script("start", [], [self.prefix, session_id, scope, lease, _ms(lease_ttl_s),
+                                                 need_tokens, repr(now_s), _replica(lease)])
+        if reply[0] != STARTED:
+            return RoundStart(reply[0])
+        return RoundStart(STARTED, SessionState.from_json(reply[1]), SessionState.from_json(reply[2]))
 
-    async def end_session(self, session_id: str) -> None:
-        await self._script("end", [self._k("session", session_id)], [self.prefix])
+    async def move_session(self, session_id: str, lease: str, state: SessionState, capacity_tokens: int,
+                           lease_ttl_s: float) -> str:
+        return await self._script("put", [], [self.prefix, session_id, lease, state.to_json(), capacity_tokens,
+                                              _ms(lease_ttl_s)])
+
+    async def close_round(self, session_id: str, lease: str, state: SessionState | None) -> str:
+        return await self._script("put", [], [self.prefix, session_id, lease, state.to_json() if state else "", "",
+                                              "0"])
+
+    async def renew_leases(self, leases: dict[str, str], lease_ttl_s: float) -> list[str]:
+        if not leases:
+            return []
+        pairs = [part for item in leases.items() for part in item]
+        return await self._script("renew", [], [self.prefix, _ms(lease_ttl_s), *pairs])
 
     async def expire_sessions(self, idle_before_s: float) -> list[str]:
-        """Scans every session key (SCAN, batches of 500): O(sessions) per call."""
-        async def keys() -> list[str]:
-            return [key async for key in self._redis.scan_iter(match=self._k("session", "*"), count=500)]
-        expired = []
-        for key in await self._run(keys()):
-            if await self._script("end", [key], [self.prefix, repr(idle_before_s)]):
-                expired.append(key.removeprefix(self._k("session", "")))
-        return expired
+        """One script over the whole ``sessions`` hash: O(sessions) per call."""
+        return await self._script("expire", [], [self.prefix, repr(idle_before_s)])
+
+    async def audit_kv(self, worker_ids: list[int]) -> dict[int, tuple[int, int]]:
+        """One script over the whole ``sessions`` hash: O(sessions) per call."""
+        totals = {}
+        for row in await self._script("audit", [], [self.prefix, *worker_ids]):
+            worker_id, stored, derived = (int(v) for v in row.split(","))
+            totals[worker_id] = (stored, derived)
+        return totals
+
+    async def restore_sessions(self, states: dict[str, SessionState]) -> list[str]:
+        if not states:
+            return []
+        pairs = [part for sid, state in states.items() for part in (sid, state.to_json())]
+        return await self._script("restore", [], [self.prefix, *pairs])
+
+    async def epoch(self) -> str:
+        return await self._script("epoch", [self._k("epoch")], [uuid.uuid4().hex])
+
+    async def subscribe_owners(self, handler: Callable[[str, str], None]) -> None:
+        """Call ``handler(session id, replica id)`` whenever a replica starts a round
+        of a session (so the others forget what they knew of it)."""
+        def on_message(data: str) -> None:
+            session_id, replica = json.loads(data)
+            handler(session_id, replica)
+        await self._listen_to(self._k("owners"), on_message)
 
     async def push(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
         keys = [self._k("q", worker_id), self._k("qp", worker_id)]
@@ -281,8 +450,7 @@ class RedisStore:
                            [f"win:{kind}:{bucket % (BUCKETS + 1)}", bucket, total_s, count, *self._feed(worker_id)])
 
     async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
-        ttl_ms = max(1, int(ttl_s * 1000))
-        return bool(await self._run(self._redis.set(self._k("lease", worker_id), owner, nx=True, px=ttl_ms)))
+        return bool(await self._run(self._redis.set(self._k("lease", worker_id), owner, nx=True, px=_ms(ttl_s))))
 
     async def release_lease(self, worker_id: int, owner: str) -> None:
         await self._script("release", [self._k("lease", worker_id)], [owner])
@@ -343,6 +511,16 @@ class RedisStore:
         await asyncio.gather(*self._listeners, return_exceptions=True)
         self._listeners.clear()
         await self._redis.aclose()
+
+
+def _ms(seconds: float) -> int:
+    """Wall milliseconds for a Redis expiry (at least 1)."""
+    return max(1, int(seconds * 1000))
+
+
+def _replica(lease: str) -> str:
+    """The replica a round lease names (``<replica>#<n>``)."""
+    return lease.rpartition("#")[0]
 
 
 def _pairs(flat: list[str]) -> dict[str, str]:

@@ -11,11 +11,13 @@ from ampd.serve.store import SessionState
 
 
 class ServeError(AmpdError):
-    """A round the coordinator cannot serve; ``status`` is the HTTP status to answer."""
+    """A round the coordinator cannot serve; ``status`` is the HTTP status to
+    answer, ``retry_after_s`` (seconds) the ``Retry-After`` it suggests, if any.
+    The message is the client's: it names no engine URL."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.retry_after_s = status, retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,16 @@ class RoundTrace:
     last_token_s: float | None = None
     num_tokens: int = 0
     degraded: bool = False
+
+
+def engine_body(request: RoundRequest, model: str, prompt: tuple[int, ...], max_tokens: int, stream: bool) -> dict:
+    """The completion request an engine gets for a round (docs/SERVING.md,
+    "Engine API"): the client's other fields, then the coordinator's own."""
+    body = {**request.params, "model": model, "prompt": list(prompt), "max_tokens": max_tokens, "stream": stream,
+            "return_token_ids": True}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
 
 
 @dataclass(slots=True)

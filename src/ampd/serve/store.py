@@ -127,9 +127,13 @@ class SessionState:
     Attributes:
         decode_worker: the decode worker holding its KV.
         held_tokens: KV tokens of its finished rounds (prompt + output of the last one).
-        reserved_tokens: KV tokens counted against the worker's memory for it.
+        reserved_tokens: KV tokens counted against the worker's memory for it;
+            the worker's total is the sum of this over its sessions (docs/SERVING.md,
+            "KV reservations").
         num_rounds: rounds started so far.
-        last_s: when it last started or finished a round.
+        last_s: when it last started or finished a round, model seconds.
+        scope: fingerprint of the API key that created it ("" without keys);
+            rounds under another key are refused.
     """
 
     decode_worker: int
@@ -137,13 +141,35 @@ class SessionState:
     reserved_tokens: int = 0
     num_rounds: int = 0
     last_s: float = 0.0
+    scope: str = ""
 
     def to_json(self) -> str:
-        return json.dumps([self.decode_worker, self.held_tokens, self.reserved_tokens, self.num_rounds, self.last_s])
+        return json.dumps([self.decode_worker, self.held_tokens, self.reserved_tokens, self.num_rounds, self.last_s,
+                           self.scope])
 
     @classmethod
     def from_json(cls, text: str) -> SessionState:
         return cls(*json.loads(text))
+
+
+# Outcomes of the session operations (``StateStore``).
+STARTED, MISSING, BUSY, FORBIDDEN, DONE, LOST = "started", "missing", "busy", "forbidden", "done", "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class RoundStart:
+    """What ``StateStore.start_round`` did.
+
+    Attributes:
+        outcome: ``STARTED`` (the lease is the caller's, the round counted in),
+            ``MISSING`` (no binding: bind it), ``BUSY`` (another round holds the
+            session), ``FORBIDDEN`` (the session belongs to another scope).
+        before, after: the binding before and after, when ``STARTED``.
+    """
+
+    outcome: str
+    before: SessionState | None = None
+    after: SessionState | None = None
 
 
 ResultHandler = Callable[[dict], Awaitable[None] | None]
@@ -169,24 +195,59 @@ class StateStore(Protocol):
     async def set_alive(self, worker_id: int, alive: bool) -> None:
         """Mark a worker alive or dead."""
 
-    async def get_session(self, session_id: str) -> SessionState | None:
-        """The session's binding, or None when unbound."""
+    async def sessions(self) -> dict[str, SessionState]:
+        """Every binding, by session id (audits, tests)."""
 
-    async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int) -> str:
-        """Bind a new session and reserve its tokens on its worker, checking in the
-        same step that the worker's reservations stay within ``capacity_tokens``.
-        ``BOUND``; or, with nothing changed, ``TAKEN`` (another replica bound it
-        first) or ``FULL`` (the worker filled up since it was chosen)."""
+    async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int, lease: str,
+                           lease_ttl_s: float) -> str:
+        """Bind a new session, reserve ``state.reserved_tokens`` on its worker and
+        lease its first round to ``lease`` for ``lease_ttl_s`` wall seconds, in one
+        step that checks the worker's total stays within ``capacity_tokens``.
+        ``BOUND``; or, with nothing changed, ``TAKEN`` (bound meanwhile), ``BUSY``
+        (another round holds its lease) or ``FULL`` (the worker filled up)."""
 
-    async def update_session(self, session_id: str, old: SessionState, new: SessionState) -> None:
-        """Replace a binding; the workers' reserved KV moves by the difference."""
+    async def start_round(self, session_id: str, scope: str, lease: str, lease_ttl_s: float, need_tokens: int,
+                          now_s: float) -> RoundStart:
+        """Take a bound session's round lease and count the round in, in one step:
+        its reservation grows to ``need_tokens`` if below (the worker's total moves
+        by the difference with the *stored* reservation), ``num_rounds`` + 1,
+        ``last_s = now_s``. A session held by another lease is ``BUSY``; one
+        created under another ``scope`` is ``FORBIDDEN``; both change nothing."""
 
-    async def end_session(self, session_id: str) -> None:
-        """Drop a binding and free its reserved KV (no-op when unbound)."""
+    async def move_session(self, session_id: str, lease: str, state: SessionState, capacity_tokens: int,
+                           lease_ttl_s: float) -> str:
+        """Replace the binding of a session whose round ``lease`` holds (a rebind),
+        checking the new worker's capacity; both workers' totals move by the
+        stored reservation. ``DONE``, ``FULL`` or ``LOST`` (another lease holds
+        it: nothing changed)."""
+
+    async def close_round(self, session_id: str, lease: str, state: SessionState | None) -> str:
+        """A round's last write: replace the binding with ``state`` (None: drop the
+        session), the worker totals moving by the difference with the stored
+        reservation (a binding the store lost is added back), and release the
+        lease. ``DONE``, or ``LOST`` when another lease holds the session
+        (nothing changed). A lease that expired counts as still the caller's."""
+
+    async def renew_leases(self, leases: dict[str, str], lease_ttl_s: float) -> list[str]:
+        """Extend the round leases ``{session id: lease}`` (taking back one that
+        vanished, e.g. a restarted store); the ids whose lease another holds."""
 
     async def expire_sessions(self, idle_before_s: float) -> list[str]:
-        """End the sessions whose last round started or finished before
-        ``idle_before_s`` (freeing their reserved KV); their ids."""
+        """End the sessions with no round leased whose last round started or
+        finished before ``idle_before_s`` (freeing their reserved KV); their ids."""
+
+    async def audit_kv(self, worker_ids: list[int]) -> dict[int, tuple[int, int]]:
+        """Recompute each worker's reserved KV as the sum over its sessions and
+        repair the stored total where it differs, in one step;
+        ``{worker: (stored total, derived total)}``, tokens, for ``worker_ids``
+        and any other worker a session is bound to."""
+
+    async def restore_sessions(self, states: dict[str, SessionState]) -> list[str]:
+        """Add back bindings the store lost (a restart): each one missing is added,
+        one with fewer rounds and no lease replaced, totals adjusted; the ids written."""
+
+    async def epoch(self) -> str:
+        """An id of the store's contents, the same until it loses them (restart)."""
 
     async def push(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
         """Append a task (and the request body to send, ``payload``) to a worker's queue."""

@@ -1,0 +1,96 @@
+"""A round's remote prefill (AMPD.md section 3, step 3): the task joins the
+coordinator-held queue of its prefill worker, whichever replica holds that
+queue's lease sends it (``PrefillDispatcher``), and the result comes back on
+this replica's channel. A prefill that fails or outlasts ``kv_timeout_s`` is
+replaced by a local recompute on the decode worker (a *fallback*); one the
+engine refuses as a bad request fails the round with the engine's 4xx instead:
+the decode engine would refuse it too, and it is the client's error, not the
+engine's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from ampd.core.view import ClusterView, QueuedTask
+from ampd.policy.routing import remote_prefill_s
+from ampd.serve.context import ReplicaContext
+from ampd.serve.dispatch import PrefillDispatcher
+from ampd.serve.mirror import StateMirror
+from ampd.serve.rounds import LiveRound, ServeError, engine_body
+from ampd.serve.store import QueueEntry
+
+
+def is_client_error(status: int | None) -> bool:
+    """An engine's refusal of the request itself (4xx), not of the moment
+    (408 timeout, 429 too many requests: another engine may take it)."""
+    return status is not None and 400 <= status < 500 and status not in (408, 429)
+
+
+def fall_back(ctx: ReplicaContext, live: LiveRound, reason: str, detail: str | None = None) -> None:
+    """Recompute the round locally on its decode worker instead (counted by reason)."""
+    ctx.metrics.fallbacks.labels(reason).inc()
+    ctx.decide("fallback", {"session_id": live.task.session_id, "round_index": live.task.round_index,
+                            "prefill_worker": live.trace.prefill_worker, "reason": reason, "detail": detail})
+    live.trace.fallback, live.trace.local = reason, True
+    live.trace.prefill_worker, live.kv_params = live.trace.decode_worker, None
+
+
+class RemotePrefill:
+    """Queues remote prefills and waits for their KV.
+
+    Args:
+        ctx: the replica's shared parts.
+        dispatcher: sends the queued tasks.
+        mirror: this replica's mirror of the store, shown each enqueue at once (or None).
+    """
+
+    def __init__(self, ctx: ReplicaContext, dispatcher: PrefillDispatcher, mirror: StateMirror | None) -> None:
+        self.ctx, self.dispatcher, self.mirror = ctx, dispatcher, mirror
+        self._pending: dict[str, asyncio.Future] = {}
+
+    async def run(self, live: LiveRound, view: ClusterView, worker_id: int) -> None:
+        """Prefill ``live`` on ``worker_id``: sets ``live.kv_params`` for the
+        decode engine, or falls back to a local recompute.
+
+        Raises:
+            ServeError: the prefill engine refused the request as a client error (its 4xx).
+            StoreUnavailable: the task could not be queued.
+        """
+        ctx, task = self.ctx, live.task
+        prefill, decode = view.worker(worker_id), view.worker(task.decode_worker)
+        live.trace.local, live.trace.prefill_worker = False, worker_id
+        entry = QueueEntry(QueuedTask(task, ctx.clock.now_s(), remote_prefill_s(task, decode, prefill, ctx.perf)),
+                           ctx.options.replica_id)
+        body = engine_body(live.request, ctx.options.model_name, live.request.prompt, 1, stream=False)
+        body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False}
+        if prefill.reads_history:  # an engine that reads the history KV is told where it lives
+            body["kv_transfer_params"].update(ampd_hist_tokens=task.hist_tokens, ampd_decode_tp=decode.spec.tp,
+                                              ampd_decode_server=decode.spec.server)
+        result = asyncio.get_running_loop().create_future()
+        self._pending[entry.key] = result
+        try:
+            await ctx.store.push(worker_id, entry, json.dumps(body))
+            if self.mirror is not None:
+                self.mirror.note_queued(worker_id, entry)
+            await self.dispatcher.kick(worker_id)
+            message = await asyncio.wait_for(result, ctx.clock.wall_s(ctx.options.kv_timeout_s))
+        except TimeoutError:
+            await ctx.store.withdraw(worker_id, entry)
+            fall_back(ctx, live, "timeout")
+            return
+        finally:
+            self._pending.pop(entry.key, None)
+        if message["ok"]:
+            live.kv_params = message.get("kv_transfer_params") or {}
+        elif is_client_error(message.get("status")):
+            raise ServeError(message["status"], f"prefill engine {worker_id} refused the request: {message['error']}")
+        else:
+            fall_back(ctx, live, "timeout" if message.get("reason") == "timeout" else "prefill-failed",
+                      message.get("error"))
+
+    def on_result(self, message: dict) -> None:
+        """A prefill's outcome, published by the replica that dispatched it."""
+        result = self._pending.get(message.get("key"))
+        if result is not None and not result.done():
+            result.set_result(message)

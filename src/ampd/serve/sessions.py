@@ -1,0 +1,304 @@
+"""Session binding and KV reservation (AMPD.md section 3, step 1): the life of
+a session's binding as one replica drives it, round by round.
+
+A round holds a **lease** on its session in the store for as long as it runs
+(``ROUND_LEASE_TTL_S``, renewed), so a session has one round at a time across
+all replicas and idle expiry never ends a session mid-round. Every change of a
+binding is one store operation that moves the worker's KV total by the
+difference with the *stored* reservation (``StateStore``), so the total is the
+sum over the worker's sessions by construction; ``audit.py`` checks it.
+
+A round's reservation: ``prompt + max_tokens`` tokens, grown into at its start
+(never shrunk while the session lives: the engine keeps the history). When it
+ends: ``held_tokens`` = that round's prompt + output; the last round drops the
+binding; a round that fails gives back what it took (a first round leaves no
+binding, a later one restores the reservation it found). docs/SERVING.md, "KV
+reservations", says why each choice.
+
+The replica also keeps what it last knew of the sessions it served
+(``known``): the binding a store that restarted empty is given back
+(``restore``), and the decode worker of a round served without the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from ampd.core.deployment import Role
+from ampd.core.view import ClusterView
+from ampd.policy.binding import MostFreeKvBinder
+from ampd.serve.context import ROUND_LEASE_TTL_S, ReplicaContext
+from ampd.serve.health import EngineHealth
+from ampd.serve.rounds import RoundRequest, ServeError
+from ampd.serve.store import BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, STARTED, SessionState
+
+ADMISSION_POLL_S = 0.05  # model seconds between two looks for KV room
+
+
+@dataclass
+class OpenRound:
+    """A round of a session in progress on this replica.
+
+    Attributes:
+        lease: its lease on the session in the store.
+        before: the binding it found (None: it bound the session).
+        state: the binding now (moved by a rebind).
+        degraded: served without the store, which may hold a binding of it this
+            replica never saw: only a last round writes to it (to drop it); the
+            rest stays in ``known`` for a restore.
+    """
+
+    lease: str
+    before: SessionState | None
+    state: SessionState
+    degraded: bool = False
+
+
+def need_tokens(request: RoundRequest) -> int:
+    """KV tokens a round may hold at its end: its prompt and its whole output."""
+    return len(request.prompt) + request.max_tokens
+
+
+class SessionBook:
+    """Bindings and reservations of the sessions this replica serves rounds of.
+
+    Args:
+        ctx: the replica's shared parts.
+        health: which engines are dead (never bound to).
+        view: the policies' snapshot of every live worker (for the binder).
+    """
+
+    def __init__(self, ctx: ReplicaContext, health: EngineHealth, view: Callable[[], Awaitable[ClusterView]]) -> None:
+        self.ctx, self.health, self.view = ctx, health, view
+        self.binder = MostFreeKvBinder()
+        self.known: dict[str, SessionState] = {}
+        self.rounds: dict[str, OpenRound] = {}
+        self._leases = itertools.count()
+
+    # --- a round's start ----------------------------------------------------------------------
+
+    async def begin(self, request: RoundRequest, scope: str, now_s: float) -> SessionState:
+        """Lease the session for this round and reserve its KV, binding it first
+        when new; the binding with the round counted in.
+
+        Raises:
+            ServeError: 409 (another round of it runs, on any replica), 403 (it
+                belongs to another API key), 503 (no decode worker has room
+                within the admission timeout).
+            StoreUnavailable: the store did not answer (nothing was taken).
+        """
+        session_id, lease = request.session_id, f"{self.ctx.options.replica_id}#{next(self._leases)}"
+        need = need_tokens(request)
+        while True:
+            start = await self.ctx.store.start_round(session_id, scope, lease, ROUND_LEASE_TTL_S, need, now_s)
+            if start.outcome == STARTED:
+                return self._opened(session_id, OpenRound(lease, start.before, start.after))
+            _refuse(session_id, start.outcome)
+            state = await self._bind(session_id, scope, need, now_s, lease)
+            if state is not None:
+                return self._opened(session_id, OpenRound(lease, None, state))
+
+    def begin_degraded(self, request: RoundRequest, scope: str, now_s: float) -> SessionState:
+        """A round served without the store: on the decode worker this replica
+        last saw the session on, or one chosen by a hash of its id.
+
+        Raises:
+            ServeError: 503 when no decode engine is alive; 403 for a session
+                this replica knows under another API key.
+        """
+        session_id = request.session_id
+        known = self.known.get(session_id)
+        if known is not None and known.scope != scope:
+            _refuse(session_id, FORBIDDEN)
+        worker_id = self.degraded_worker(session_id)
+        reserved = known.reserved_tokens if known is not None and known.decode_worker == worker_id else 0
+        rounds = known.num_rounds if known is not None else 0
+        state = SessionState(worker_id, 0, max(reserved, need_tokens(request)), rounds + 1, now_s, scope)
+        lease = f"{self.ctx.options.replica_id}#{next(self._leases)}"
+        return self._opened(session_id, OpenRound(lease, known, state, degraded=True))
+
+    def degraded_worker(self, session_id: str) -> int:
+        """The live decode worker this replica last saw ``session_id`` on, else
+        one chosen by a hash of its id (the same on every replica).
+
+        Raises:
+            ServeError: 503 when no decode engine is alive.
+        """
+        live = sorted(i for i, w in self.ctx.workers.items() if w.spec.role is Role.DECODE and i not in self.health.dead)
+        if not live:
+            raise ServeError(503, "no decode engine is alive")
+        known = self.known.get(session_id)
+        if known is not None and known.decode_worker in live:
+            return known.decode_worker
+        return live[zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % len(live)]
+
+    def _opened(self, session_id: str, opened: OpenRound) -> SessionState:
+        self.rounds[session_id] = opened
+        self.known[session_id] = opened.state
+        return opened.state
+
+    async def _bind(self, session_id: str, scope: str, need: int, now_s: float, lease: str) -> SessionState | None:
+        """Bind a new session; None when another round bound it meanwhile (start
+        it instead). A worker that filled up since it was chosen is chosen again,
+        not overcommitted. The worker this replica last saw the session on (the
+        store lost it) is tried first: its prefix cache may still hold the history."""
+        known = self.known.get(session_id)
+        preferred = known.decode_worker if known is not None else None
+        while True:
+            if preferred is not None and preferred not in self.health.dead:
+                worker_id, preferred = preferred, None
+                self.ctx.decide("rebind", {"session_id": session_id, "from_worker": None, "worker_id": worker_id,
+                                           "reason": "binding missing from the store"})
+            else:
+                worker_id = await self._choose_decode(session_id, need)
+            state = SessionState(worker_id, 0, need, 1, now_s, scope)
+            outcome = await self.ctx.store.bind_session(session_id, state, self.ctx.kv_capacity_tokens(worker_id),
+                                                        lease, ROUND_LEASE_TTL_S)
+            if outcome == BOUND:
+                return state
+            if outcome != FULL:
+                _refuse(session_id, outcome)
+                return None
+
+    async def _choose_decode(self, session_id: str, need: int) -> int:
+        """A decode worker with room for ``need`` tokens, waiting for one up to
+        the admission timeout (the simulator holds such sessions likewise)."""
+        options = self.ctx.options
+        deadline_s = self.ctx.clock.now_s() + options.admission_timeout_s
+        while True:
+            decision = self.binder.bind(session_id, need, await self.view())
+            if decision is not None:
+                self.ctx.decide("bind", decision)
+                return decision.worker_id
+            if self.ctx.clock.now_s() >= deadline_s:
+                raise ServeError(503, f"no live decode worker has KV room for {need} tokens after "
+                                      f"{options.admission_timeout_s:g} s", retry_after_s=options.admission_timeout_s)
+            await self.ctx.clock.sleep(ADMISSION_POLL_S)
+
+    # --- during a round -----------------------------------------------------------------------
+
+    async def rebind(self, session_id: str, need: int) -> SessionState:
+        """Move the session of this replica's round off a dead decode worker (its
+        history is then recomputed); the new binding.
+
+        Raises:
+            ServeError: 503 (no room), 409 (another round took the session).
+            StoreUnavailable: the store did not answer.
+        """
+        opened = self.rounds[session_id]
+        while True:
+            worker_id = await self._choose_decode(session_id, need)
+            moved = dataclasses.replace(opened.state, decode_worker=worker_id, held_tokens=0, reserved_tokens=need)
+            outcome = await self.ctx.store.move_session(session_id, opened.lease, moved,
+                                                        self.ctx.kv_capacity_tokens(worker_id), ROUND_LEASE_TTL_S)
+            if outcome == DONE:
+                break
+            if outcome == LOST:
+                _refuse(session_id, BUSY)
+        self.ctx.metrics.rebinds.inc()
+        self.ctx.decide("rebind", {"session_id": session_id, "from_worker": opened.state.decode_worker,
+                                   "worker_id": worker_id})
+        opened.state = self.known[session_id] = moved
+        return moved
+
+    def move_degraded(self, session_id: str) -> SessionState:
+        """Move the session of this replica's round off a dead decode worker
+        without the store; the new binding (this replica's alone).
+
+        Raises:
+            ServeError: 503 when no decode engine is alive.
+        """
+        opened = self.rounds[session_id]
+        worker_id = self.degraded_worker(session_id)
+        opened.state = self.known[session_id] = dataclasses.replace(opened.state, decode_worker=worker_id,
+                                                                    held_tokens=0, reserved_tokens=0)
+        return opened.state
+
+    # --- a round's end ------------------------------------------------------------------------
+
+    async def finish(self, session_id: str, decode_worker: int, held_tokens: int, last_round: bool) -> None:
+        """The round delivered its output on ``decode_worker``: record what that
+        worker now holds (``held_tokens``), or drop the binding after the last round."""
+        opened = self.rounds[session_id]
+        state = opened.state
+        reserved = state.reserved_tokens if state.decode_worker == decode_worker else 0
+        done = dataclasses.replace(state, decode_worker=decode_worker, held_tokens=held_tokens,
+                                   reserved_tokens=max(reserved, held_tokens), last_s=self.ctx.clock.now_s())
+        await self._close(session_id, None if last_round else done, write=last_round or not opened.degraded)
+
+    async def give_back(self, session_id: str) -> None:
+        """The round failed (engine refusal, engine failures, a client that left):
+        give back what it took. A first round leaves no binding; a later one the
+        reservation and history it found, or none on a worker it moved to."""
+        opened = self.rounds.get(session_id)
+        if opened is None:  # it failed before taking anything
+            return
+        before = opened.before
+        if opened.degraded:
+            await self._close(session_id, before, write=False)
+            return
+        if before is None:
+            state = None
+        elif opened.state.decode_worker == before.decode_worker:
+            state = dataclasses.replace(opened.state, held_tokens=before.held_tokens,
+                                        reserved_tokens=before.reserved_tokens, last_s=self.ctx.clock.now_s())
+        else:
+            state = dataclasses.replace(opened.state, held_tokens=0, reserved_tokens=0, last_s=self.ctx.clock.now_s())
+        await self._close(session_id, state)
+
+    async def _close(self, session_id: str, state: SessionState | None, write: bool = True) -> None:
+        """Record the round's outcome (``write``: in the store too, releasing its lease)."""
+        opened = self.rounds.pop(session_id)
+        if state is None:
+            self.known.pop(session_id, None)
+        else:
+            self.known[session_id] = state
+        if write and await self.ctx.store_call(self.ctx.store.close_round(session_id, opened.lease, state)) == LOST:
+            self.ctx.decide("lease-lost", {"session_id": session_id})
+
+    # --- upkeep -------------------------------------------------------------------------------
+
+    async def renew_loop(self) -> None:
+        """Keep the leases of this replica's rounds alive (a third of their TTL)."""
+        while True:
+            await asyncio.sleep(ROUND_LEASE_TTL_S / 3)
+            leases = {sid: opened.lease for sid, opened in self.rounds.items()}
+            lost = await self.ctx.store_call(self.ctx.store.renew_leases(leases, ROUND_LEASE_TTL_S))
+            for session_id in lost or ():
+                self.ctx.decide("lease-lost", {"session_id": session_id})
+
+    def forget(self, session_id: str, replica_id: str | None = None) -> None:
+        """Another replica (``replica_id``) started a round of the session, or it
+        ended: what this replica knew of it is no longer the latest."""
+        if replica_id != self.ctx.options.replica_id and session_id not in self.rounds:
+            self.known.pop(session_id, None)
+
+    def prune(self, idle_before_s: float) -> None:
+        """Forget sessions idle since before ``idle_before_s`` (expired by now)."""
+        for session_id in [sid for sid, s in self.known.items() if s.last_s < idle_before_s]:
+            self.forget(session_id)
+
+    async def restore(self) -> list[str]:
+        """Give the store back the bindings this replica knows (after it lost
+        them); the ids written.
+
+        Raises:
+            StoreUnavailable: the store did not answer.
+        """
+        return await self.ctx.store.restore_sessions(dict(self.known))
+
+
+def _refuse(session_id: str, outcome: str) -> None:
+    """Raise the client's error for a session the store would not start."""
+    if outcome == BUSY:
+        raise ServeError(409, f"session {session_id}: a round is already in progress; send the next round after "
+                              "this one's last token", retry_after_s=1.0)
+    if outcome == FORBIDDEN:
+        raise ServeError(403, f"session {session_id} belongs to another API key")
+
+
