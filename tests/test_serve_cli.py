@@ -96,3 +96,43 @@ def test_up_refuses_clashing_or_busy_ports_before_starting_anything(tmp_path):
         held.bind(("127.0.0.1", port + 3))  # engine 1's port
         with pytest.raises(InputError, match=rf"already in use: {port + 3} \(engine 1"):
             LocalCluster(config, tmp_path).start()
+
+
+def _time_wait_ports() -> set[int]:
+    """Local ports of this machine's TCP connections in TIME-WAIT (state 06 of /proc/net/tcp*)."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "06":
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_up_starts_again_at_once_on_the_same_ports_after_a_clean_stop(tmp_path):
+    """The client's keep-alive connection is closed by the stopping coordinator,
+    which leaves it in TIME-WAIT on the coordinator's port (checked: the case
+    the port check must not mistake for a server); ``ampd up`` on the same
+    configuration starts at once all the same."""
+    path, port = write_config(tmp_path)
+
+    def up() -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-m", "ampd.cli.main", "up", "--config", str(path), "--log-dir",
+                                    str(tmp_path / "logs")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True)
+        line = process.stdout.readline()
+        assert line.startswith("cluster up"), line + process.stdout.read()
+        return process
+
+    first = up()
+    with httpx.Client(timeout=30) as client:  # kept open: the server side closes it
+        reply = client.post(f"http://127.0.0.1:{port}/v1/completions", headers={"X-Session-Id": "s"},
+                            json={"prompt": list(range(1, 20)), "max_tokens": 2})
+        assert reply.status_code == 200
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=30) == 0
+    assert port in _time_wait_ports()
+    second = up()
+    second.send_signal(signal.SIGINT)
+    assert second.wait(timeout=30) == 0

@@ -34,11 +34,13 @@ STOP_TIMEOUT_S = 10.0
 
 @dataclass
 class Child:
-    """A started part of the cluster."""
+    """A started part of the cluster, and how to start it again."""
 
     name: str
     process: subprocess.Popen
     log_path: Path
+    argv: list[str]
+    env: dict[str, str] | None = None
     health_url: str | None = None
     reported: bool = False
 
@@ -71,7 +73,11 @@ def free_serve_ports(coordinators: int = 2, engines: int = 32) -> dict[str, int]
 
 
 def _port_free(port: int) -> bool:
+    """True when a server could listen on ``port`` now. SO_REUSEADDR, as every
+    server started here sets it: connections of a stopped server lingering in
+    TIME-WAIT do not keep its port (only a socket bound to it does)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -170,10 +176,7 @@ class LocalCluster:
     def _spawn(self, name: str, argv: list[str], health_url: str | None = None,
                env: dict[str, str] | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
-        with log_path.open("w") as log:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                       env={**os.environ, **(env or {})})
-        child = Child(name, process, log_path, health_url)
+        child = Child(name, _popen(argv, log_path, env, "w"), log_path, argv, env, health_url)
         self.children.append(child)
         return child
 
@@ -234,11 +237,39 @@ class LocalCluster:
             else:
                 time.sleep(0.1)
 
-    def kill_engine(self, worker_id: int) -> None:
-        """Kill one engine at once (SIGKILL): the fault tests' dead worker."""
-        child = self.engines[worker_id]
-        os.killpg(child.process.pid, signal.SIGKILL)
+    def child(self, name: str) -> Child:
+        """The part named ``name`` (``redis``, ``coordinator-0``, ``engine-2-decode``...).
+
+        Raises:
+            KeyError: no such part.
+        """
+        found = [c for c in self.children if c.name == name]
+        if not found:
+            raise KeyError(f"no part named {name!r}: {', '.join(c.name for c in self.children)}")
+        return found[0]
+
+    def kill(self, name: str) -> None:
+        """Kill a part at once (SIGKILL): the fault tests' and benchmarks' failure."""
+        child = self.child(name)
+        _signal(child, signal.SIGKILL)
         child.process.wait()
+
+    def restart(self, name: str) -> None:
+        """Start a part that stopped again, same command and port (its log goes
+        on), and wait until it answers.
+
+        Raises:
+            InputError: it is still running, or did not come back.
+        """
+        child = self.child(name)
+        if child.process.poll() is None:
+            raise InputError(f"{name} is still running")
+        child.process = _popen(child.argv, child.log_path, child.env, "a")
+        child.reported = False
+        if child.name == "redis":
+            wait_for_redis(self.config.serve.redis_url, child.process)
+        else:
+            self._wait_healthy([child])
 
     def stop(self) -> None:
         """Stop every part, newest first (coordinators, then engines, then Redis,
@@ -261,6 +292,13 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _popen(argv: list[str], log_path: Path, env: dict[str, str] | None, mode: str) -> subprocess.Popen:
+    """A part in its own process group (stopped with everything it starts), logging to ``log_path``."""
+    with log_path.open(mode) as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
 
 
 def _signal(child: Child, sig: int) -> None:
