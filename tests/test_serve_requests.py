@@ -1,5 +1,6 @@
-"""The coordinator's HTTP API refuses bad requests with a 400 that names the
-field, before any engine is called (no engine runs in these tests)."""
+"""The coordinator's HTTP API refuses bad requests with a 400 (413, 401, 403)
+that names the field, before any engine is called (no engine runs in these
+tests: the engines' address answers nothing)."""
 
 import asyncio
 
@@ -9,22 +10,29 @@ import pytest
 from ampd.config import EngineWorker, RunConfig, ServeConfig
 from ampd.core.errors import InputError
 from ampd.serve.app import create_app
+from ampd.serve.auth import AccessPolicy
+from ampd.serve.body import json_depth
 from ampd.serve.build import build_coordinator
+from ampd.serve.requests import check_messages
 
 WORKERS = [EngineWorker(url="http://127.0.0.1:9", role="prefill"), EngineWorker(url="http://127.0.0.1:9", role="decode")]
+CONFIG = RunConfig(cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2,
+                            "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
+                   workload={"name": "toolbench", "num_sessions": 5}, serve=ServeConfig(workers=WORKERS))
 
 
-def post(body, headers=None, path="/v1/completions", raw=None):
-    config = RunConfig(cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2,
-                                "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
-                       workload={"name": "toolbench", "num_sessions": 5}, serve=ServeConfig(workers=WORKERS))
-    app = create_app(build_coordinator(config, "test"))
+def post(body, headers=None, path="/v1/completions", raw=None, access=None, limits=None, method="POST",
+         client=("127.0.0.1", 4000)):
+    app = create_app(build_coordinator(CONFIG, "test"), access, limits)
 
     async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        transport = httpx.ASGITransport(app=app, client=client)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            if method == "GET":
+                return await http.get(path, headers=headers or {})
             if raw is not None:
-                return await client.post(path, content=raw, headers=headers or {})
-            return await client.post(path, json=body, headers=headers or {})
+                return await http.post(path, content=raw, headers=headers or {})
+            return await http.post(path, json=body, headers=headers or {})
     return asyncio.run(go())
 
 
@@ -48,6 +56,13 @@ SID = {"X-Session-Id": "s1"}
     ({"prompt": [1, 2], "max_tokens": 2, "session_id": "evil\nx"}, {}, "control characters"),
     ({"prompt": [1, 2], "max_tokens": 2, "session_id": "nul\u0000"}, {}, "control characters"),
     ({"prompt": [1, 2], "max_tokens": 9_000_000}, SID, "largest decode engine holds"),
+    ({"prompt": [1, 2], "max_tokens": 2, "session_id": "x\u0085y"}, {}, "U+0085 at position 1"),  # C1 control
+    ({"prompt": [1, 2], "max_tokens": 2, "session_id": "abc\u202egpj.exe"}, {}, "U+202E at position 3"),  # bidi
+    ({"prompt": [1, 2], "max_tokens": 2, "session_id": "a\u200bb"}, {}, "U+200B"),  # zero-width space
+    ({"prompt": [1, 2], "max_tokens": 2, "session_id": "a\u2028b"}, {}, "U+2028"),  # line separator
+    ({"prompt": [1, 2], "max_tokens": 2, "session_end": "true"}, SID, "session_end: must be true or false"),
+    ({"prompt": [1, 2], "max_tokens": 2, "session_end": 1}, SID, "session_end: must be true or false"),
+    ({"prompt": [1, 2], "max_tokens": 2}, {**SID, "X-Session-Last-Round": "maybe"}, "X-Session-Last-Round"),
 ])
 def test_bad_completion_requests_are_400_naming_the_field(body, headers, field):
     reply = post(body, headers)
@@ -60,10 +75,112 @@ def test_body_that_is_not_json_is_400():
     assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("messages", ["hello", [], [{"role": "user"}], [{"role": "user", "content": 3}]])
+@pytest.mark.parametrize("raw, field", [
+    (b'{"prompt": [1, 2], "temperature": NaN}', "temperature: NaN"),
+    (b'{"prompt": [1, 2], "top_p": Infinity}', "top_p: Infinity"),
+    (b'{"prompt": [1, 2], "logit_bias": {"7": -Infinity}}', "logit_bias.7: -Infinity"),
+    (b'{"prompt": [1, 2], "extra": [0, {"x": 1e999}]}', "extra[1].x: 1e999"),
+    (b'{"prompt": [1, 2], "n": 1' + b"0" * 5000 + b"}", "not valid JSON"),  # an integer of 5001 digits
+    (b'{"prompt": [1, 2], "x": "\xff"}', "not UTF-8"),
+])
+def test_numbers_json_does_not_have_and_bad_bytes_are_400_naming_the_field(raw, field):
+    reply = post(None, SID, raw=raw)
+    assert reply.status_code == 400 and field in reply.json()["error"]["message"]
+
+
+def test_a_lone_surrogate_escaped_in_json_is_refused_in_a_session_id():
+    reply = post(None, raw=b'{"prompt": [1, 2], "session_id": "a\\ud800"}')
+    assert reply.status_code == 400 and "U+D800 at position 1" in reply.json()["error"]["message"]
+
+
+def test_depth_is_measured_outside_strings_and_limited():
+    assert json_depth(b'{"a": [1, {"b": "[[[[{{"}], "c": "]]"}') == 3
+    assert json_depth(b'"[[["') == 0
+    limit = ServeConfig().max_json_depth
+    deep = b'{"prompt": [1, 2], "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # the issue's RecursionError
+    reply = post(None, SID, raw=deep)
+    assert reply.status_code == 400 and f"nested deeper than {limit} levels" in reply.json()["error"]["message"]
+    fits = b'{"prompt": [1, 2], "max_tokens": 9000000, "x": ' + b"[" * (limit - 1) + b"]" * (limit - 1) + b"}"
+    assert "largest decode engine" in post(None, SID, raw=fits).json()["error"]["message"]  # parsed, then checked
+
+
+def test_a_body_over_the_limit_is_413_with_the_limit_whether_its_length_is_announced_or_not():
+    limits = ServeConfig(max_body_bytes=4096)
+    body = b'{"prompt": [1, 2], "pad": "' + b"x" * 5000 + b'"}'
+    announced = post(None, SID, raw=body, limits=limits)
+
+    async def chunks():  # no Content-Length: the body is counted as it arrives
+        for i in range(0, len(body), 1000):
+            yield body[i:i + 1000]
+    streamed = post(None, SID, raw=chunks(), limits=limits)
+    for reply in (announced, streamed):
+        assert reply.status_code == 413
+        assert reply.json()["error"]["message"] == "request body: larger than 4096 bytes (serve.max_body_bytes)"
+
+
+@pytest.mark.parametrize("messages", ["hello", [], [{"role": "user"}], [{"role": "user", "content": 3}],
+                                      [{"role": "user", "content": []}],
+                                      [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]])
 def test_bad_chat_messages_are_400(messages):
     reply = post({"messages": messages}, SID, path="/v1/chat/completions")
     assert reply.status_code == 400 and "messages" in reply.json()["error"]["message"]
+
+
+def test_chat_content_as_text_parts_is_joined_as_vllm_joins_it():
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert check_messages(parts) == [{"role": "user", "content": "a\nb"}]
+
+
+def test_a_header_is_read_as_utf8_and_its_bad_bytes_are_400():
+    reply = post({"prompt": [1, 2], "max_tokens": 9_000_000}, {"X-Session-Id": "\xff\xfe".encode("latin-1")})
+    assert reply.status_code == 400 and "X-Session-Id: not valid UTF-8" in reply.json()["error"]["message"]
+
+
+KEYS = AccessPolicy.load(environ={"AMPD_API_KEYS": "key-a, key-b", "AMPD_ADMIN_KEYS": "root"})
+TOO_BIG = {"prompt": [1, 2], "max_tokens": 9_000_000}  # a 400 past the key check: no engine is called
+
+
+@pytest.mark.parametrize("headers, status, message", [
+    ({}, 401, "missing API key"),
+    ({"Authorization": "Bearer nope"}, 401, "invalid API key"),
+    ({"Authorization": "Basic a2V5LWE="}, 401, "missing API key"),
+    ({"Authorization": "Bearer key-b"}, 400, "largest decode engine"),
+])
+def test_with_client_keys_the_openai_endpoints_want_one(headers, status, message):
+    reply = post(TOO_BIG, {**SID, **headers}, access=KEYS)
+    assert reply.status_code == status and message in reply.json()["error"]["message"]
+    if status == 401:
+        assert reply.headers["www-authenticate"] == "Bearer"
+    models = post(None, headers, path="/v1/models", access=KEYS, method="GET")
+    assert models.status_code == (200 if status == 400 else 401)
+
+
+def test_without_keys_the_openai_endpoints_are_open():
+    assert post(TOO_BIG, SID).status_code == 400
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/ampd/decisions"])
+def test_admin_endpoints_want_an_admin_key_or_loopback(path):
+    def get(access=None, headers=None, client=("127.0.0.1", 4000)):
+        return post(None, headers, path=path, access=access, method="GET", client=client).status_code
+    assert get() == 200 and get(client=("::1", 4000)) == 200  # no admin keys: loopback only
+    assert get(client=("10.0.0.7", 4000)) == 403
+    assert get(KEYS) == 401  # admin keys: even loopback must show one
+    assert get(KEYS, {"Authorization": "Bearer key-a"}) == 403  # a client key is not an admin key
+    assert get(KEYS, {"Authorization": "Bearer root"}, client=("10.0.0.7", 4000)) == 200
+
+
+def test_key_files_are_read_and_a_bad_one_is_an_input_error(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text("# clients\nkey-c\n\n  key-d  \n")
+    policy = AccessPolicy.load(str(path), environ={})
+    assert len(policy.client_scopes) == 2 and not policy.admin_digests
+    assert len(set(policy.client_scopes.values())) == 2  # one scope per key
+    (tmp_path / "empty").write_text("# nothing\n")
+    with pytest.raises(InputError, match="holds no key"):
+        AccessPolicy.load(str(tmp_path / "empty"), environ={})
+    with pytest.raises(InputError, match="cannot read the key file"):
+        AccessPolicy.load("", str(tmp_path / "missing"), environ={})
 
 
 def test_a_decode_engine_too_small_for_the_model_is_an_input_error():

@@ -142,6 +142,19 @@ class ServeConfig(_Strict):
     session_idle_ttl_s: float = Field(600.0, gt=0, description="a session with no round started or finished for "
                                                                "this long is ended (its KV reservation freed); "
                                                                "a later round binds it again")
+    kv_audit_interval_s: float = Field(5.0, gt=0, description="wall seconds between two checks that each decode "
+                                                              "engine's reserved KV equals the sum over its "
+                                                              "sessions (repaired and counted when not)")
+    # [our choice] 16 MiB holds a prompt of about two million token ids (up to 8 bytes each
+    # in JSON) or a chat of as many characters; 64 levels leave room for OpenAI tool schemas.
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="largest request body, bytes (413 "
+                                                                       "beyond)")
+    max_json_depth: int = Field(64, ge=2, le=512, description="deepest nesting of a request body's arrays and "
+                                                              "objects (400 beyond)")
+    api_keys_file: str = Field("", description="client API keys, one a line (also AMPD_API_KEYS); none: the "
+                                               "OpenAI endpoints are open")
+    admin_keys_file: str = Field("", description="admin keys for /metrics and /ampd/decisions, one a line (also "
+                                                 "AMPD_ADMIN_KEYS); none: those answer on loopback only")
     decisions_path: str = Field("", description="JSON Lines file of every decision; empty: not written")
     replica_id: str = Field("", description="unique per coordinator replica; empty: host:pid")
     base_port: int = Field(8100, ge=1, le=65000, description="ampd up: first engine port")

@@ -14,8 +14,7 @@ import uvicorn
 from ampd.cli.options import add_run_options, config_from_args, positive_float, positive_int
 from ampd.config import RunConfig, override
 from ampd.core.errors import InputError
-from ampd.serve.app import create_app
-from ampd.serve.build import build_coordinator, make_store
+from ampd.serve.build import build_app, make_store
 from ampd.serve.store import StoreUnavailable
 from ampd.serve.up import LocalCluster
 
@@ -54,12 +53,12 @@ def _check_store(config: RunConfig) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     config = _serve_config(args)
     _check_store(config)
-    coordinator = build_coordinator(config, args.replica_id or "")
+    app = build_app(config, args.replica_id or "")
+    coordinator = app.state.coordinator
     print(f"ampd coordinator {coordinator.options.replica_id} ({config.system}) on "
           f"http://{config.serve.host}:{config.serve.port}, {len(coordinator.workers)} engines, "
           f"store {config.serve.redis_url or 'in-memory'}", flush=True)
-    uvicorn.run(create_app(coordinator), host=config.serve.host, port=config.serve.port, log_level="warning",
-                access_log=False)
+    uvicorn.run(app, host=config.serve.host, port=config.serve.port, log_level="warning", access_log=False)
 
 
 def cmd_up(args: argparse.Namespace) -> None:

@@ -1,33 +1,56 @@
 """The coordinator's HTTP API: OpenAI-compatible completions and chat
-completions (streaming or not), ``/health``, ``/metrics`` (Prometheus),
-``/ampd/decisions`` (the decision log)."""
+completions (streaming or not), ``/health``, and the admin endpoints
+``/metrics`` (Prometheus) and ``/ampd/decisions`` (the decision log).
+Access: ``auth.py``; request bodies: ``body.py`` and ``requests.py``."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from ampd.config import ServeConfig
 from ampd.core.deployment import Role
+from ampd.serve.auth import AccessPolicy
+from ampd.serve.body import parse_body, read_body
 from ampd.serve.coordinator import Coordinator
 from ampd.serve.engine_client import Chunk, EngineError
 from ampd.serve.requests import check_common, check_messages, prompt_ids, round_request
 from ampd.serve.rounds import RoundTrace, ServeError
 
-
-def error_response(status: int, message: str) -> JSONResponse:
-    """vLLM's (and OpenAI's) error shape."""
-    kind = "BadRequestError" if status < 500 else "ServiceUnavailableError"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+                404: "NotFoundError", 409: "ConflictError", 413: "RequestTooLargeError"}
 
 
-def create_app(coordinator: Coordinator) -> FastAPI:
-    """A FastAPI app serving ``coordinator``; it starts and stops with the app."""
+def error_response(status: int, message: str, retry_after_s: float | None = None) -> JSONResponse:
+    """vLLM's (and OpenAI's) error shape, with ``WWW-Authenticate`` on a 401 and
+    ``Retry-After`` (whole seconds) when a retry may succeed."""
+    kind = _ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "ServiceUnavailableError")
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
+    if retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(retry_after_s)))
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
+                        headers=headers)
+
+
+def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, limits: ServeConfig | None = None) -> FastAPI:
+    """A FastAPI app serving ``coordinator``; it starts and stops with the app.
+
+    Args:
+        access: who may call what (default: open API, admin on loopback).
+        limits: ``max_body_bytes`` and ``max_json_depth`` of a request body
+            (``body.py``) are read from it (default: ``ServeConfig``'s defaults).
+    """
+    access = access or AccessPolicy({}, frozenset())
+    limits = limits or ServeConfig()
+    bearer = HTTPBearer(auto_error=False)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -36,26 +59,44 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         await coordinator.stop()
 
     app = FastAPI(title="ampd coordinator", lifespan=lifespan)
+    app.state.coordinator = coordinator
 
     @app.exception_handler(ServeError)
     async def _serve_error(request: Request, err: ServeError) -> JSONResponse:
-        return error_response(err.status, str(err))
+        return error_response(err.status, str(err), err.retry_after_s)
+
+    async def client(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> str:
+        return access.client_scope(credentials)
+
+    async def admin(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        access.check_admin(credentials, request.client.host if request.client else None)
+
+    async def json_body(request: Request) -> dict:
+        raw = await read_body(request.stream(), request.headers.get("content-length"), limits.max_body_bytes)
+        return parse_body(raw, limits.max_json_depth)
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await _json_body(request)
+    async def completions(request: Request, scope: str = Depends(client)):
+        body = await json_body(request)
         stream = check_common(body)
         prompt = body.get("prompt")
-        ids = await _tokenize(coordinator, {"prompt": prompt}) if isinstance(prompt, str) else prompt_ids(prompt)
-        return await _serve(coordinator, round_request(body, request.headers, ids), stream, body, chat=False)
+        ids = None if isinstance(prompt, str) else prompt_ids(prompt)
+        round_req = round_request(body, request.headers)
+        ids = ids or await _tokenize(coordinator, {"prompt": prompt})
+        return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids), scope, stream, body, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        body = await _json_body(request)
+    async def chat_completions(request: Request, scope: str = Depends(client)):
+        body = await json_body(request)
         stream = check_common(body)
         messages = check_messages(body.get("messages"))
+        round_req = round_request(body, request.headers)
         ids = await _tokenize(coordinator, {"messages": messages, "add_generation_prompt": True})
-        return await _serve(coordinator, round_request(body, request.headers, ids), stream, body, chat=True)
+        return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids), scope, stream, body, chat=True)
+
+    @app.get("/v1/models", dependencies=[Depends(client)])
+    async def models():
+        return {"object": "list", "data": [{"id": coordinator.options.model_name, "object": "model"}]}
 
     @app.get("/health")
     async def health():
@@ -65,43 +106,32 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return {"status": status, "store": "ok" if coordinator.store_ok else "unreachable",
                 "workers_up": up, "workers_down": sorted(dead)}
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=[Depends(admin)])
     async def metrics():
         return Response(coordinator.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/ampd/decisions")
+    @app.get("/ampd/decisions", dependencies=[Depends(admin)])
     async def decisions(kind: str | None = None, limit: int = 1000):
         rows = list(coordinator.decisions.entries) if kind is None else coordinator.decisions.of_kind(kind)
         return rows[-max(1, limit):]
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": coordinator.options.model_name, "object": "model"}]}
-
     return app
-
-
-async def _json_body(request: Request) -> dict:
-    try:
-        body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ServeError(400, f"request body: not valid JSON: {err}") from None
-    if not isinstance(body, dict):
-        raise ServeError(400, "request body: expected a JSON object")
-    return body
 
 
 async def _tokenize(coordinator: Coordinator, payload: dict) -> tuple[int, ...]:
     """Token ids from a live decode engine's ``/tokenize`` (text prompts, chat)."""
     dead = coordinator.dead_workers
-    decode = [w for i, w in coordinator.workers.items() if w.spec.role is Role.DECODE and i not in dead]
+    decode = [i for i, w in coordinator.workers.items() if w.spec.role is Role.DECODE and i not in dead]
     if not decode:
         raise ServeError(503, "no decode engine is alive to tokenize the prompt")
+    worker_id = decode[0]
     try:
-        ids = await coordinator.engines.tokenize(decode[0].url, {"model": coordinator.options.model_name, **payload})
+        ids = await coordinator.engines.tokenize(coordinator.workers[worker_id].url,
+                                                 {"model": coordinator.options.model_name, **payload})
     except EngineError as err:
-        status = 400 if err.reason == "status" and err.status and err.status < 500 else 502
-        raise ServeError(status, f"tokenizing the prompt failed: {err.message}") from None
+        if err.reason == "status" and err.status and err.status < 500:
+            raise ServeError(400, f"tokenizing the prompt failed: {err.message}") from None
+        raise ServeError(502, f"decode engine {worker_id} could not tokenize the prompt ({err.reason})") from None
     return prompt_ids(ids, "prompt (tokenized)")
 
 
@@ -113,8 +143,8 @@ def _headers(trace: RoundTrace) -> dict[str, str]:
     return headers
 
 
-async def _serve(coordinator: Coordinator, round_req, stream: bool, body: dict, chat: bool):
-    trace, chunks = await coordinator.open_round(round_req)
+async def _serve(coordinator: Coordinator, round_req, scope: str, stream: bool, body: dict, chat: bool):
+    trace, chunks = await coordinator.open_round(round_req, scope)
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": body.get("model") or coordinator.options.model_name}
     if stream:

@@ -8,12 +8,16 @@ import random
 import socket
 import zlib
 
+from fastapi import FastAPI
+
 from ampd.config import RunConfig
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.experiment import perf_model_for, sessions_for, slo_for
 from ampd.policy.routing import SloThresholds
 from ampd.policy.systems import Knobs, get_system
+from ampd.serve.app import create_app
+from ampd.serve.auth import AccessPolicy
 from ampd.serve.clock import ScaledClock
 from ampd.serve.coordinator import Coordinator, CoordinatorOptions
 from ampd.serve.decision_log import DecisionLog
@@ -79,7 +83,19 @@ def build_coordinator(config: RunConfig, replica_id: str = "") -> Coordinator:
     rng = random.Random(config.seed * 1_000_003 + zlib.crc32(replica_id.encode()))
     options = CoordinatorOptions(replica_id, serve.served_model or config.cluster.model, serve.kv_timeout_s,
                                  serve.admission_timeout_s, serve.health_interval_s, serve.session_idle_ttl_s,
-                                 serve.stream_idle_timeout_s)
+                                 serve.stream_idle_timeout_s, serve.kv_audit_interval_s)
     return Coordinator(engine_workers(config), make_store(config), perf, system.make_router(perf, slo, knobs, rng),
                        system.make_queue_policy(slo, knobs), ScaledClock(serve.time_scale), options,
                        DecisionLog(serve.decisions_path or None))
+
+
+def build_app(config: RunConfig, replica_id: str = "") -> FastAPI:
+    """The HTTP API of a coordinator replica for ``config``: its keys (files and
+    environment) loaded, its body limits set.
+
+    Raises:
+        InputError: as ``build_coordinator``; a key file that cannot be read or holds no key.
+    """
+    serve = config.serve
+    access = AccessPolicy.load(serve.api_keys_file, serve.admin_keys_file)
+    return create_app(build_coordinator(config, replica_id), access, serve)

@@ -4,13 +4,14 @@ Every refusal is a 400 that names the field."""
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 
 from ampd.core.session import MAX_TOKENS
 from ampd.serve.rounds import RoundRequest, ServeError
 
-SESSION_HEADER = "x-session-id"
-LAST_ROUND_HEADER = "x-session-last-round"
+SESSION_HEADER = "X-Session-Id"  # header lookups ignore case (HTTP; Starlette's Headers)
+LAST_ROUND_HEADER = "X-Session-Last-Round"
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 MAX_SESSION_ID_CHARS = 256
 MAX_TOKEN_ID = 2**31 - 1
@@ -19,24 +20,71 @@ _OWN_FIELDS = {"model", "prompt", "messages", "max_tokens", "max_completion_toke
                "session_id", "session_end", "return_token_ids", "kv_transfer_params"}
 
 
+# Unicode categories refused in session ids: controls (C0, C1), format characters (bidi
+# overrides such as U+202E, zero-width ones), lone surrogates, line and paragraph separators.
+# [our choice] Each makes an id print unlike what it is, or breaks a log line.
+_REFUSED_CATEGORIES = {"Cc": "control", "Cf": "format (bidi or invisible)", "Cs": "surrogate",
+                       "Zl": "line separator", "Zp": "paragraph separator"}
+_TRUE, _FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
+
+
 def _bad(message: str) -> ServeError:
     return ServeError(400, message)
+
+
+def header_text(headers: Mapping[str, str], name: str) -> str | None:
+    """A header's value decoded as UTF-8 (HTTP servers hand header bytes over as
+    Latin-1; clients send UTF-8).
+
+    Raises:
+        ServeError: 400 naming the header when its bytes are not UTF-8.
+    """
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        raise _bad(f"{name}: not valid UTF-8") from None
 
 
 def session_id_of(body: Mapping, headers: Mapping[str, str]) -> str:
     """The session id: the ``X-Session-Id`` header, else the body's ``session_id``.
 
     Raises:
-        ServeError: 400 when missing, empty, too long or not a string.
+        ServeError: 400 when missing, empty, too long, not a string, or holding
+            a control, bidi or other invisible formatting character.
     """
-    value = headers.get(SESSION_HEADER, body.get("session_id"))
+    value = header_text(headers, SESSION_HEADER)
+    if value is None:
+        value = body.get("session_id")
     if value is None:
         raise _bad("missing session id: send an X-Session-Id header or a session_id field")
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_SESSION_ID_CHARS:
         raise _bad(f"session_id: must be a non-empty string of at most {MAX_SESSION_ID_CHARS} characters")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-        raise _bad("session_id: control characters (CR, LF, NUL, ...) are not allowed")
+    for position, char in enumerate(value):
+        kind = _REFUSED_CATEGORIES.get(unicodedata.category(char))
+        if kind is not None:
+            raise _bad(f"session_id: {kind} characters (CR, LF, NUL, U+202E, ...) are not allowed: U+{ord(char):04X} "
+                       f"at position {position}")
     return value
+
+
+def last_round_of(body: Mapping, headers: Mapping[str, str]) -> bool:
+    """Whether the client ends its session with this round: the
+    ``X-Session-Last-Round`` header (true/false, 1/0, yes/no) or the body's
+    ``session_end`` (a JSON boolean).
+
+    Raises:
+        ServeError: 400 for any other value of either.
+    """
+    flag = body.get("session_end", False)
+    if not isinstance(flag, bool):
+        raise _bad(f"session_end: must be true or false, got {flag!r}")
+    header = (header_text(headers, LAST_ROUND_HEADER) or "").strip().lower()
+    if header not in _TRUE + _FALSE:
+        raise _bad(f"{LAST_ROUND_HEADER}: must be true or false, got {header!r}")
+    return flag or header in _TRUE
 
 
 def prompt_ids(value: object, field: str = "prompt") -> tuple[int, ...]:
@@ -85,22 +133,45 @@ def check_common(body: Mapping) -> bool:
 
 
 def check_messages(value: object) -> list[dict]:
-    """Chat ``messages``: a non-empty list of ``{"role": str, "content": str}``.
+    """Chat ``messages``: a non-empty list of ``{"role": str, "content": ...}``
+    whose content is a string or, as OpenAI's API allows, a list of text parts
+    ``{"type": "text", "text": str}``, joined with newlines as vLLM joins them.
+    The messages with their content as one string.
 
     Raises:
-        ServeError: 400 naming the first bad message.
+        ServeError: 400 naming the first bad message or part.
     """
     if not isinstance(value, list) or not value:
         raise _bad("messages: must be a non-empty list of {role, content} objects")
+    checked = []
     for i, message in enumerate(value):
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)):
-            raise _bad(f"messages[{i}]: must be an object with string role and content")
-    return value
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
+            raise _bad(f"messages[{i}]: must be an object with a string role and a content")
+        checked.append({**message, "content": _content_text(message.get("content"), f"messages[{i}].content")})
+    return checked
 
 
-def round_request(body: Mapping, headers: Mapping[str, str], prompt: tuple[int, ...]) -> RoundRequest:
-    """The round a checked request asks for, its prompt already in token ids."""
-    last = headers.get(LAST_ROUND_HEADER, "").lower() in ("1", "true", "yes") or body.get("session_end") is True
+def _content_text(content: object, field: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise _bad(f"{field}: must be a string or a non-empty list of text parts")
+    texts = []
+    for j, part in enumerate(content):
+        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            raise _bad(f"{field}[{j}]: only text parts {{\"type\": \"text\", \"text\": ...}} are supported")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def round_request(body: Mapping, headers: Mapping[str, str], prompt: tuple[int, ...] = ()) -> RoundRequest:
+    """The round a request asks for, every field checked; its prompt in token
+    ids (a text or chat prompt is tokenized once the rest is known good, and
+    set with ``dataclasses.replace``).
+
+    Raises:
+        ServeError: 400 naming the first bad field.
+    """
     params = {k: v for k, v in body.items() if k not in _OWN_FIELDS}
-    return RoundRequest(session_id_of(body, headers), prompt, max_tokens_of(body), params, last)
+    return RoundRequest(session_id_of(body, headers), prompt, max_tokens_of(body), params,
+                        last_round_of(body, headers))

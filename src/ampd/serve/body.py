@@ -1,0 +1,105 @@
+"""A client's request body, bounded and well-formed before anything reads it:
+at most ``serve.max_body_bytes`` bytes (413 beyond, read no further), UTF-8
+JSON nested at most ``serve.max_json_depth`` deep, and no number JSON does not
+have (``NaN``, ``Infinity``, or a literal too large for a double, which Python
+would read as infinite): each a 400 naming where it is."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import AsyncIterator
+
+from ampd.serve.rounds import ServeError
+
+# A JSON string (skipped whole, so brackets inside it do not count) or a bracket.
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+class _NotANumber:
+    """What the parser makes of a number JSON does not have (found afterwards, to name its field)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, max_bytes: int) -> bytes:
+    """The body, refused as soon as it is known to exceed ``max_bytes``.
+
+    Raises:
+        ServeError: 413 naming the limit.
+    """
+    too_large = ServeError(413, f"request body: larger than {max_bytes} bytes (serve.max_body_bytes)")
+    if content_length is not None and content_length.isdigit() and int(content_length) > max_bytes:
+        raise too_large
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def json_depth(raw: bytes) -> int:
+    """How deep the arrays and objects of a JSON text nest (0 for a scalar),
+    found without parsing (strings skipped at C speed)."""
+    depth = deepest = 0
+    for match in _TOKENS.finditer(raw):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+def parse_body(raw: bytes, max_depth: int) -> dict:
+    """A request body as a JSON object.
+
+    Raises:
+        ServeError: 400 for a body that is not UTF-8 JSON, not an object, nested
+            deeper than ``max_depth``, or holding NaN or an infinite number (the
+            message names its field, e.g. ``temperature``).
+    """
+    if json_depth(raw) > max_depth:
+        raise ServeError(400, f"request body: nested deeper than {max_depth} levels (serve.max_json_depth)")
+    seen: list[_NotANumber] = []
+
+    def not_a_number(text: str) -> _NotANumber:
+        seen.append(_NotANumber(text))
+        return seen[-1]
+
+    def double(text: str) -> float | _NotANumber:
+        value = float(text)
+        return value if math.isfinite(value) else not_a_number(text)
+
+    try:
+        body = json.loads(raw.decode("utf-8"), parse_constant=not_a_number, parse_float=double)
+    except UnicodeDecodeError as err:
+        raise ServeError(400, f"request body: not UTF-8: {err.reason} at byte {err.start}") from None
+    except (ValueError, RecursionError) as err:
+        raise ServeError(400, f"request body: not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise ServeError(400, "request body: expected a JSON object")
+    if seen:  # only then is the body walked, to name the field
+        path, value = _first_not_a_number(body)
+        raise ServeError(400, f"{path}: {value.text} is not a JSON number (JSON has no NaN or Infinity, and a "
+                              "number must fit a double)")
+    return body
+
+
+def _first_not_a_number(body: dict) -> tuple[str, _NotANumber]:
+    """The field path (``a.b[2]``) of the first number JSON does not have."""
+    stack: list[tuple[str, object]] = [(str(k), v) for k, v in reversed(body.items())]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _NotANumber):
+            return path, value
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{k}", v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    raise AssertionError("a value the parser marked is in the body")
