@@ -226,11 +226,12 @@ def test_idle_expiry_spares_every_session_whose_round_is_running(cluster):
     leases); once the rounds are done the same expiry ends all six and the
     reservations are back to their start values."""
     urls, redis_url = cluster.urls, cluster.config.serve.redis_url
-    start_totals, _ = run(kv_state(redis_url, DECODE))
     far_future_s = 1e12  # model seconds: every session is idle since before it
 
     async def go():
         store = RedisStore(redis_url)
+        await store.expire_sessions(far_future_s)  # what earlier tests left bound
+        start_totals = (await kv_state(redis_url, DECODE))[0]
         async with httpx.AsyncClient(timeout=120) as client:
             for i in range(6):
                 assert (await send_round(client, urls[i % 2], f"busy-{i}", list(range(200 + i)), 4)).status == 200
@@ -249,8 +250,8 @@ def test_idle_expiry_spares_every_session_whose_round_is_running(cluster):
                         pass
         after = await store.expire_sessions(far_future_s)
         await store.close()
-        return during, after, await kv_state(redis_url, DECODE)
+        return start_totals, during, after, await kv_state(redis_url, DECODE)
 
-    during, after, (totals, sessions) = run(go())
+    start_totals, during, after, (totals, sessions) = run(go())
     assert during == [] and sorted(after) == [f"busy-{i}" for i in range(6)]
     assert sessions == {} and totals == start_totals

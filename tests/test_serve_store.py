@@ -69,8 +69,8 @@ def test_binding_reserves_and_frees_kv(make_store):
         assert await store.move_session("s", "a#1", SessionState(0, 0, 1001, 1, 2.0), 1000, 10.0) == FULL
         assert await store.move_session("s", "a#1", SessionState(0, 0, 650, 1, 2.0), 1000, 10.0) == DONE
         assert await kv_totals(store) == [650, 0]
-        assert await store.close_round("s", "a#1", None) == DONE
-        assert await store.close_round("s", "a#1", None) == DONE  # twice is harmless
+        assert await store.close_round("s", "a#1", None, 1) == DONE
+        assert await store.close_round("s", "a#1", None, 1) == DONE  # twice is harmless
         assert await kv_totals(store) == [0, 0] and await store.sessions() == {}
         await store.close()
     run(go())
@@ -85,7 +85,7 @@ def test_one_round_per_session_and_reservations_move_by_the_stored_value(make_st
         assert await store.bind_session("s", SessionState(1, 0, 300, 1, 1.0, "k"), 1000, "a#1", 10.0) == BOUND
         assert (await store.start_round("s", "k", "b#1", 10.0, 500, 2.0)).outcome == BUSY  # round 1 still runs
         done = SessionState(1, 280, 300, 1, 3.0, "k")
-        assert await store.close_round("s", "a#1", done) == DONE
+        assert await store.close_round("s", "a#1", done, 1) == DONE
         assert (await store.start_round("s", "other", "b#1", 10.0, 500, 4.0)).outcome == FORBIDDEN
         assert (await store.start_round("nobody", "k", "b#1", 10.0, 500, 4.0)).outcome == MISSING
         start = await store.start_round("s", "k", "b#1", 10.0, 500, 4.0)
@@ -93,12 +93,18 @@ def test_one_round_per_session_and_reservations_move_by_the_stored_value(make_st
         assert start.after == SessionState(1, 280, 500, 2, 4.0, "k")
         assert (await store.start_round("s", "k", "a#2", 10.0, 900, 4.5)).outcome == BUSY
         assert await kv_totals(store) == [0, 500]
-        assert await store.close_round("s", "a#2", None) == LOST  # not the lease holder: nothing changes
+        assert await store.close_round("s", "a#2", None, 2) == LOST  # not the lease holder: nothing changes
         assert await kv_totals(store) == [0, 500]
-        assert await store.close_round("s", "b#1", SessionState(1, 280, 300, 2, 5.0, "k")) == DONE  # given back
+        given_back = SessionState(1, 280, 300, 2, 5.0, "k")
+        assert await store.close_round("s", "b#1", given_back, 2) == DONE
+        assert await kv_totals(store) == [0, 300]
+        assert await store.close_round("s", "b#1", given_back, 2) == DONE  # repeated (its reply lost): no change
         assert await kv_totals(store) == [0, 300]
         start = await store.start_round("s", "k", "a#3", 10.0, 100, 6.0)  # needs less than it holds
         assert start.after.reserved_tokens == 300 and await kv_totals(store) == [0, 300]
+        assert await store.close_round("s", "a#3", SessionState(1, 400, 400, 3, 7.0, "k"), 3) == DONE
+        assert await store.close_round("s", "b#1", None, 2) == LOST  # round 2's end, repeated late: round 3 wrote
+        assert await kv_totals(store) == [0, 400]
         await store.close()
     run(go())
 
@@ -111,7 +117,7 @@ def test_leases_expire_and_renew(make_store):
         assert (await store.start_round("s", "", "b#1", 10.0, 100, 2.0)).outcome == STARTED
         assert await store.renew_leases({"s": "b#1"}, 10.0) == []
         assert await store.renew_leases({"s": "a#1"}, 10.0) == ["s"]
-        assert await store.close_round("s", "b#1", SessionState(1, 50, 100, 2, 3.0)) == DONE
+        assert await store.close_round("s", "b#1", SessionState(1, 50, 100, 2, 3.0), 2) == DONE
         assert await store.renew_leases({"s": "b#1"}, 10.0) == []  # a vanished lease is taken back
         assert (await store.start_round("s", "", "c#1", 10.0, 100, 4.0)).outcome == BUSY
         await store.close()
@@ -144,7 +150,7 @@ def test_restore_adds_back_lost_bindings_and_keeps_the_newest(make_store):
                                                 "lost": SessionState(0, 100, 400, 3, 1.0)})
         assert written == ["lost"]
         assert await kv_totals(store) == [400, 300]
-        await store.close_round("live", "x#1", SessionState(1, 280, 300, 2, 2.0))
+        await store.close_round("live", "x#1", SessionState(1, 280, 300, 2, 2.0), 2)
         assert await store.restore_sessions({"live": SessionState(0, 0, 350, 3, 1.0)}) == ["live"]  # newer, free
         assert await kv_totals(store) == [750, 0]
         await store.close()
@@ -233,7 +239,7 @@ def test_idle_sessions_expire_and_free_their_kv_unless_a_round_runs(make_store):
         await store.bind_session("old", SessionState(1, 0, 300, 1, 5.0), 1000, "x#1", 10.0)
         await store.bind_session("busy", SessionState(1, 0, 100, 1, 5.0), 1000, "x#2", 10.0)
         await store.bind_session("new", SessionState(1, 0, 200, 1, 50.0), 1000, "x#3", 10.0)
-        await store.close_round("old", "x#1", SessionState(1, 0, 300, 1, 5.0))
+        await store.close_round("old", "x#1", SessionState(1, 0, 300, 1, 5.0), 1)
         assert await store.expire_sessions(10.0) == ["old"]  # "busy" is as idle, but its round holds a lease
         assert sorted(await store.sessions()) == ["busy", "new"]
         assert (await store.snapshot([1], 60.0))[0].kv_used_tokens == 300
@@ -314,7 +320,7 @@ def test_the_mirror_follows_changes_made_by_another_replica(redis_server):
         await settled_1(lambda s: not s.alive)
         await b.bind_session("s", SessionState(1, 0, 250, 0, 1.0), 1000, "b#1", 10.0)
         await settled_1(lambda s: s.kv_used_tokens == 250)
-        await b.close_round("s", "b#1", None)
+        await b.close_round("s", "b#1", None, 0)
         await settled_1(lambda s: s.kv_used_tokens == 0)
         await b.add_inflight(1, entry("local"))
         await settled_1(lambda s: [e.key for e in s.inflight] == ["local#0"])
@@ -324,3 +330,33 @@ def test_the_mirror_follows_changes_made_by_another_replica(redis_server):
         await a.close()
         await b.close()
     run(go())
+
+
+def test_the_audit_counts_and_logs_what_it_repairs():
+    """A coordinator's audit over its store: a total made wrong by hand (77 tokens
+    more than its sessions hold) is repaired, counted in /metrics and logged."""
+    from ampd.config import EngineWorker, RunConfig, ServeConfig
+    from ampd.serve.build import build_coordinator
+    from serve_rounds import metric
+
+    config = RunConfig(cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2,
+                                "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
+                       workload={"name": "toolbench", "num_sessions": 5},
+                       serve=ServeConfig(workers=[EngineWorker(url="http://127.0.0.1:9", role="prefill"),
+                                                  EngineWorker(url="http://127.0.0.1:9", role="decode")]))
+    coordinator = build_coordinator(config, "auditor")
+
+    async def go():
+        store = coordinator.store
+        await store.bind_session("s", SessionState(1, 0, 300, 1, 1.0), 10_000, "x#1", 10.0)
+        assert await coordinator.audit.once() == {}
+        store._kv_used[1] += 77
+        assert await coordinator.audit.once() == {1: (377, 300)}
+        assert (await store.snapshot([1], 2.0))[0].kv_used_tokens == 300
+        assert await coordinator.audit.once() == {}
+    run(go())
+    text = coordinator.metrics.exposition().decode()
+    assert metric(text, "ampd_kv_audit_repairs_total") == 1 and metric(text, "ampd_kv_audit_repaired_tokens_total") == 77
+    assert metric(text, "ampd_kv_reserved_tokens") == 300
+    assert coordinator.decisions.of_kind("kv-repair") == [{"kind": "kv-repair", "worker_id": 1, "stored_tokens": 377,
+                                                           "derived_tokens": 300, "replica": "auditor"}]

@@ -17,9 +17,12 @@ from ampd.serve.store import StateStore, StoreUnavailable, WorkerInfo
 log = logging.getLogger(__name__)
 
 # [our choice] A round's lease on its session (docs/SERVING.md, "KV reservations") lasts this
-# many wall seconds and is renewed every third of it while the round runs: a replica that dies
-# mid-round frees its sessions within this time, and a replica stalled for less keeps them.
-ROUND_LEASE_TTL_S = 10.0
+# many wall seconds and is renewed every ROUND_LEASE_RENEW_S while the round runs: a replica
+# that dies mid-round frees its sessions within 5 s (its clients' retries elsewhere get 409
+# until then); one stalled for up to 4 s keeps them. A lease that lapses costs no exactness:
+# every reservation change reads the stored binding.
+ROUND_LEASE_TTL_S = 5.0
+ROUND_LEASE_RENEW_S = 1.0
 
 
 @dataclass(frozen=True)

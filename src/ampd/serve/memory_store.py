@@ -118,7 +118,7 @@ class MemoryStore:
 
     async def move_session(self, session_id: str, lease: str, state: SessionState, capacity_tokens: int,
                            lease_ttl_s: float) -> str:
-        if self._holder(session_id) not in (None, lease):
+        if self._superseded(session_id, lease, state.num_rounds):
             return LOST
         old = self._sessions.get(session_id)
         others = self._kv_used[state.decode_worker]
@@ -130,8 +130,13 @@ class MemoryStore:
         self._lease(session_id, lease, lease_ttl_s)
         return DONE
 
-    async def close_round(self, session_id: str, lease: str, state: SessionState | None) -> str:
-        if self._holder(session_id) not in (None, lease):
+    def _superseded(self, session_id: str, lease: str, num_rounds: int) -> bool:
+        """Another lease holds the session, or a later round than ``num_rounds`` wrote it."""
+        stored = self._sessions.get(session_id)
+        return self._holder(session_id) not in (None, lease) or (stored is not None and stored.num_rounds > num_rounds)
+
+    async def close_round(self, session_id: str, lease: str, state: SessionState | None, num_rounds: int) -> str:
+        if self._superseded(session_id, lease, num_rounds):
             return LOST
         self._replace(session_id, state)
         self._round_leases.pop(session_id, None)

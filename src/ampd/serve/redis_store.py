@@ -150,13 +150,15 @@ owner(sid, ARGV[8])
 return {'started', text, after}
 """
 
-# ARGV: prefix, session, lease, state JSON ('' to drop), capacity ('' unchecked), lease ms ('0' to release)
+# ARGV: prefix, session, lease, state JSON ('' to drop), capacity ('' unchecked), lease ms ('0' to release),
+# the writer's round count (a binding with more rounds was written by a later round: left alone)
 _PUT = _SESSION_LIB + """
 local sid = ARGV[2]
 local lease_key = p .. 'round:' .. sid
 local holder = redis.call('GET', lease_key)
 if holder and holder ~= ARGV[3] then return 'lost' end
 local old = stored(sid)
+if old and old[4] > tonumber(ARGV[7]) then return 'lost' end
 local text = ARGV[4] ~= '' and ARGV[4] or nil
 if text and ARGV[5] ~= '' then
   local new = cjson.decode(text)
@@ -372,11 +374,11 @@ class RedisStore:
     async def move_session(self, session_id: str, lease: str, state: SessionState, capacity_tokens: int,
                            lease_ttl_s: float) -> str:
         return await self._script("put", [], [self.prefix, session_id, lease, state.to_json(), capacity_tokens,
-                                              _ms(lease_ttl_s)])
+                                              _ms(lease_ttl_s), state.num_rounds])
 
-    async def close_round(self, session_id: str, lease: str, state: SessionState | None) -> str:
+    async def close_round(self, session_id: str, lease: str, state: SessionState | None, num_rounds: int) -> str:
         return await self._script("put", [], [self.prefix, session_id, lease, state.to_json() if state else "", "",
-                                              "0"])
+                                              "0", num_rounds])
 
     async def renew_leases(self, leases: dict[str, str], lease_ttl_s: float) -> list[str]:
         if not leases:

@@ -2,11 +2,12 @@
 a session's binding as one replica drives it, round by round.
 
 A round holds a **lease** on its session in the store for as long as it runs
-(``ROUND_LEASE_TTL_S``, renewed), so a session has one round at a time across
-all replicas and idle expiry never ends a session mid-round. Every change of a
-binding is one store operation that moves the worker's KV total by the
-difference with the *stored* reservation (``StateStore``), so the total is the
-sum over the worker's sessions by construction; ``audit.py`` checks it.
+(``ROUND_LEASE_TTL_S``, renewed every ``ROUND_LEASE_RENEW_S``), so a session has
+one round at a time across all replicas and idle expiry never ends a session
+mid-round. Every change of a binding is one store operation that moves the
+worker's KV total by the difference with the *stored* reservation
+(``StateStore``), so the total is the sum over the worker's sessions by
+construction; ``audit.py`` checks it.
 
 A round's reservation: ``prompt + max_tokens`` tokens, grown into at its start
 (never shrunk while the session lives: the engine keeps the history). When it
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from ampd.core.deployment import Role
 from ampd.core.view import ClusterView
 from ampd.policy.binding import MostFreeKvBinder
-from ampd.serve.context import ROUND_LEASE_TTL_S, ReplicaContext
+from ampd.serve.context import ROUND_LEASE_RENEW_S, ROUND_LEASE_TTL_S, ReplicaContext
 from ampd.serve.health import EngineHealth
 from ampd.serve.rounds import RoundRequest, ServeError
 from ampd.serve.store import BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, STARTED, SessionState
@@ -78,6 +80,10 @@ class SessionBook:
         self.binder = MostFreeKvBinder()
         self.known: dict[str, SessionState] = {}
         self.rounds: dict[str, OpenRound] = {}
+        self._unwritten: dict[str, tuple[str, SessionState | None, int]] = {}  # round ends to write again
+        # A lease names this replica, this process (a restarted replica keeps its id; its leases
+        # must not be taken for those of its previous life) and the round.
+        self._lease_prefix = f"{ctx.options.replica_id}#{uuid.uuid4().hex[:12]}."
         self._leases = itertools.count()
 
     # --- a round's start ----------------------------------------------------------------------
@@ -92,7 +98,7 @@ class SessionBook:
                 within the admission timeout).
             StoreUnavailable: the store did not answer (nothing was taken).
         """
-        session_id, lease = request.session_id, f"{self.ctx.options.replica_id}#{next(self._leases)}"
+        session_id, lease = request.session_id, self._new_lease()
         need = need_tokens(request)
         while True:
             start = await self.ctx.store.start_round(session_id, scope, lease, ROUND_LEASE_TTL_S, need, now_s)
@@ -119,8 +125,7 @@ class SessionBook:
         reserved = known.reserved_tokens if known is not None and known.decode_worker == worker_id else 0
         rounds = known.num_rounds if known is not None else 0
         state = SessionState(worker_id, 0, max(reserved, need_tokens(request)), rounds + 1, now_s, scope)
-        lease = f"{self.ctx.options.replica_id}#{next(self._leases)}"
-        return self._opened(session_id, OpenRound(lease, known, state, degraded=True))
+        return self._opened(session_id, OpenRound(self._new_lease(), known, state, degraded=True))
 
     def degraded_worker(self, session_id: str) -> int:
         """The live decode worker this replica last saw ``session_id`` on, else
@@ -137,7 +142,11 @@ class SessionBook:
             return known.decode_worker
         return live[zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % len(live)]
 
+    def _new_lease(self) -> str:
+        return f"{self._lease_prefix}{next(self._leases)}"
+
     def _opened(self, session_id: str, opened: OpenRound) -> SessionState:
+        self._unwritten.pop(session_id, None)  # this round read the binding as stored, and will write its own end
         self.rounds[session_id] = opened
         self.known[session_id] = opened.state
         return opened.state
@@ -252,22 +261,47 @@ class SessionBook:
         await self._close(session_id, state)
 
     async def _close(self, session_id: str, state: SessionState | None, write: bool = True) -> None:
-        """Record the round's outcome (``write``: in the store too, releasing its lease)."""
+        """Record the round's outcome (``write``: in the store too, releasing its
+        lease; a write the store did not answer is tried again, see ``renew_loop``)."""
         opened = self.rounds.pop(session_id)
         if state is None:
             self.known.pop(session_id, None)
         else:
             self.known[session_id] = state
-        if write and await self.ctx.store_call(self.ctx.store.close_round(session_id, opened.lease, state)) == LOST:
+        if write:
+            await self._write(session_id, (opened.lease, state, opened.state.num_rounds))
+
+    async def _write(self, session_id: str, close: tuple[str, SessionState | None, int]) -> None:
+        # Tried twice at once: a store call that timed out while this replica's event loop was
+        # starved usually succeeds again at once, before its client is told the round is done.
+        outcome = None
+        for _ in range(2):
+            outcome = await self.ctx.store_call(self.ctx.store.close_round(session_id, *close))
+            if outcome is not None:
+                break
+        if outcome is None:
+            self._unwritten[session_id] = close
+        elif outcome == LOST:
             self.ctx.decide("lease-lost", {"session_id": session_id})
 
     # --- upkeep -------------------------------------------------------------------------------
 
     async def renew_loop(self) -> None:
-        """Keep the leases of this replica's rounds alive (a third of their TTL)."""
+        """Keep the leases of this replica's rounds alive (every ``ROUND_LEASE_RENEW_S``),
+        and write the ends of rounds the store did not take (a timeout under load,
+        an outage: else a binding would keep its round's reservation and lease
+        until the idle TTL). A write repeated after its reply was lost is harmless
+        (``StateStore.close_round``); one superseded by a later round of the
+        session (begun here, or on another replica: ``forget``) is not written.
+        A degraded round holds no lease: one written
+        to a store that came back would outlive it and turn the next round away."""
         while True:
-            await asyncio.sleep(ROUND_LEASE_TTL_S / 3)
-            leases = {sid: opened.lease for sid, opened in self.rounds.items()}
+            await asyncio.sleep(ROUND_LEASE_RENEW_S)
+            for session_id, close in list(self._unwritten.items()):
+                if self._unwritten.get(session_id) is close:  # not replaced by a later round's meanwhile
+                    del self._unwritten[session_id]
+                    await self._write(session_id, close)
+            leases = {sid: opened.lease for sid, opened in self.rounds.items() if not opened.degraded}
             lost = await self.ctx.store_call(self.ctx.store.renew_leases(leases, ROUND_LEASE_TTL_S))
             for session_id in lost or ():
                 self.ctx.decide("lease-lost", {"session_id": session_id})
@@ -277,6 +311,7 @@ class SessionBook:
         ended: what this replica knew of it is no longer the latest."""
         if replica_id != self.ctx.options.replica_id and session_id not in self.rounds:
             self.known.pop(session_id, None)
+            self._unwritten.pop(session_id, None)  # written late, it would undo the later round's end
 
     def prune(self, idle_before_s: float) -> None:
         """Forget sessions idle since before ``idle_before_s`` (expired by now)."""
@@ -290,7 +325,14 @@ class SessionBook:
         Raises:
             StoreUnavailable: the store did not answer.
         """
-        return await self.ctx.store.restore_sessions(dict(self.known))
+        known = dict(self.known)
+        written = await self.ctx.store.restore_sessions(known)
+        # A round that ended its session while the restore was on its way dropped a binding the
+        # restore then wrote back: drop it again (unless a round of it holds it now).
+        for session_id in written:
+            if session_id not in self.known:
+                await self.ctx.store.close_round(session_id, self._new_lease(), None, known[session_id].num_rounds)
+        return [sid for sid in written if sid in self.known]
 
 
 def _refuse(session_id: str, outcome: str) -> None:

@@ -218,15 +218,17 @@ class StateStore(Protocol):
                            lease_ttl_s: float) -> str:
         """Replace the binding of a session whose round ``lease`` holds (a rebind),
         checking the new worker's capacity; both workers' totals move by the
-        stored reservation. ``DONE``, ``FULL`` or ``LOST`` (another lease holds
-        it: nothing changed)."""
+        stored reservation. ``DONE``, ``FULL`` or ``LOST`` (nothing changed:
+        another lease holds it, or it has a later round than ``state``'s)."""
 
-    async def close_round(self, session_id: str, lease: str, state: SessionState | None) -> str:
+    async def close_round(self, session_id: str, lease: str, state: SessionState | None, num_rounds: int) -> str:
         """A round's last write: replace the binding with ``state`` (None: drop the
         session), the worker totals moving by the difference with the stored
         reservation (a binding the store lost is added back), and release the
-        lease. ``DONE``, or ``LOST`` when another lease holds the session
-        (nothing changed). A lease that expired counts as still the caller's."""
+        lease. ``num_rounds``: the rounds the session had with this one. ``DONE``,
+        or ``LOST`` (nothing changed) when another lease holds the session or a
+        later round wrote it; so a write repeated after a lost reply is harmless.
+        A lease that expired counts as still the caller's."""
 
     async def renew_leases(self, leases: dict[str, str], lease_ttl_s: float) -> list[str]:
         """Extend the round leases ``{session id: lease}`` (taking back one that
