@@ -11,6 +11,12 @@ open loop: a slow server never delays later arrivals.
 Prompts: round 0 sends ``input_tokens`` pseudo-random ids; round ``r`` sends the
 previous prompt, the previous output ids as streamed back, and ``input_tokens`` new
 ids (the tool output), so the server's prefix cache holds all but the new ids.
+
+Failover (``retry_s`` > 0, for fault benchmarks): a round that fails in a way a
+retry may mend (connection lost, 409, 429, 5xx, a stream cut short) is sent
+again, from its start, to the next server URL, every ``RETRY_PAUSE_S``, for up
+to ``retry_s`` wall seconds; its TTFT still counts from when its input was
+ready. A round that stays silent for ``timeout_s`` is *hung*: never retried.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import ssl
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from tqdm import tqdm
@@ -45,12 +51,19 @@ LOCAL_HEADER = "X-Ampd-Local"
 COMPLETIONS_PATH = "/v1/completions"
 DEFAULT_VOCAB_SIZE = 32_000  # [our choice] ids every common tokenizer accepts (Llama-2: 32000; Llama-3, Qwen: more)
 DEFAULT_TIMEOUT_S = 300.0  # [our choice] longest silence tolerated on one request, wall seconds
+RETRY_PAUSE_S = 0.5  # [our choice] wall seconds between two tries of a round (a 409's Retry-After is 1 s)
+RETRYABLE_STATUS = frozenset({409, 429, 500, 502, 503, 504})
 
 Failure = tuple[str, int, str]  # (session_id, round_index, reason)
 
 
 class RoundFailed(Exception):
-    """A round that did not deliver its full output; the message is the reason."""
+    """A round that did not deliver its full output; the message is the reason,
+    ``retryable`` whether sending it again (elsewhere) may succeed."""
+
+    def __init__(self, reason: str, retryable: bool = False) -> None:
+        super().__init__(reason)
+        self.retryable = retryable
 
 
 @dataclass
@@ -63,6 +76,8 @@ class ReplayResult:
             that failed (that one without ``done_s``) and has no ``done_s``.
         failed: ``(session_id, round_index, reason)`` of each failed session, in
             arrival order; its later rounds were not sent.
+        retries: ``(session_id, round_index, reason)`` of each try that failed
+            and was sent again (``retry_s``).
         start_s: the clock's model time at the replay's start (time 0 of the records).
         wall_s: wall-clock duration of the replay, seconds.
         summary: ``ampd.metrics.summary.summarize`` of ``sessions``; failed sessions
@@ -74,6 +89,7 @@ class ReplayResult:
     start_s: float
     wall_s: float
     summary: RunSummary
+    retries: list[Failure] = field(default_factory=list)
 
 
 def prompt_rng(seed: int, session_id: str) -> random.Random:
@@ -157,7 +173,8 @@ def _chunk_token_ids(data: str) -> list[int]:
     if not isinstance(chunk, dict):
         raise RoundFailed(f"bad stream chunk (not an object): {data[:ERROR_TEXT_CHARS]!r}")
     if "error" in chunk:
-        raise RoundFailed(f"stream error: {error_message(chunk, data)}")
+        code = chunk["error"].get("code") if isinstance(chunk["error"], dict) else None
+        raise RoundFailed(f"stream error: {error_message(chunk, data)}", code in RETRYABLE_STATUS)
     choices = chunk.get("choices") or []
     if not choices:
         return []
@@ -169,14 +186,15 @@ def _chunk_token_ids(data: str) -> list[int]:
     return list(token_ids)
 
 
-async def _http_error_reason(response: httpx.Response) -> str:
+async def _http_error(response: httpx.Response) -> RoundFailed:
     """``HTTP <status>: <message>`` of an error reply."""
     text = (await response.aread()).decode(errors="replace")
     try:
         payload = json.loads(text)
     except json.JSONDecodeError:
         payload = None
-    return f"HTTP {response.status_code}: {error_message(payload, text)}"
+    return RoundFailed(f"HTTP {response.status_code}: {error_message(payload, text)}",
+                       response.status_code in RETRYABLE_STATUS)
 
 
 class _Replayer:
@@ -187,10 +205,12 @@ class _Replayer:
     response, which made one shared client cost O(sessions in flight) per chunk.
     """
 
-    def __init__(self, url: str, model: str, clock: ScaledClock, vocab_size: int, seed: int,
-                 timeout_s: float) -> None:
+    def __init__(self, urls: Sequence[str], model: str, clock: ScaledClock, vocab_size: int, seed: int,
+                 timeout_s: float, retry_s: float) -> None:
         self.ssl_context = ssl.create_default_context()  # built once: loading CA certificates takes milliseconds
-        self.url = url.rstrip("/") + COMPLETIONS_PATH
+        self.urls = [url.rstrip("/") + COMPLETIONS_PATH for url in urls]
+        self.retry_s = retry_s
+        self.retries: list[Failure] = []
         self.model = model
         self.clock = clock
         self.vocab_size = vocab_size
@@ -223,8 +243,8 @@ class _Replayer:
                                            rnd.output_tokens, decode_worker=-1)
                 record.rounds.append(round_record)
                 try:
-                    output_ids = await self.send_round(client, round_record, prompt,
-                                                       index == len(session.rounds) - 1)
+                    output_ids = await self.send_with_retries(client, round_record, prompt,
+                                                              index == len(session.rounds) - 1)
                 except RoundFailed as err:
                     return session.session_id, index, str(err)
                 history = prompt + output_ids
@@ -237,7 +257,25 @@ class _Replayer:
         no proxy from the environment between the load generator and the server."""
         return httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s), verify=self.ssl_context, trust_env=False)
 
-    async def send_round(self, client: httpx.AsyncClient, record: RoundRecord, prompt: list[int],
+    async def send_with_retries(self, client: httpx.AsyncClient, record: RoundRecord, prompt: list[int],
+                                last_round: bool) -> list[int]:
+        """``send_round`` to the first URL, then (a retryable failure, within
+        ``retry_s``) again to the next ones in turn, the record reset each time."""
+        deadline = time.monotonic() + self.retry_s
+        attempt = 0
+        while True:
+            try:
+                return await self.send_round(client, self.urls[attempt % len(self.urls)], record, prompt, last_round)
+            except RoundFailed as err:
+                if not err.retryable or time.monotonic() >= deadline:
+                    raise
+                self.retries.append((record.session_id, record.round_index, str(err)))
+            record.first_token_s, record.done_s = None, None
+            record.itls_s.clear()
+            attempt += 1
+            await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def send_round(self, client: httpx.AsyncClient, url: str, record: RoundRecord, prompt: list[int],
                          last_round: bool) -> list[int]:
         """POST one round and stream its output, filling ``record`` (placement,
         first token, ITLs, ``done_s``); the output token ids.
@@ -250,15 +288,15 @@ class _Replayer:
         body = request_body(self.model, prompt, record.output_tokens, record.session_id)
         headers = request_headers(record.session_id, last_round)
         try:
-            async with client.stream("POST", self.url, json=body, headers=headers) as response:
+            async with client.stream("POST", url, json=body, headers=headers) as response:
                 if response.status_code >= 400:
-                    raise RoundFailed(await _http_error_reason(response))
+                    raise await _http_error(response)
                 note_placement(record, response.headers)
                 output_ids, last_s = await self.read_stream(response, record)
         except httpx.TimeoutException as err:
             raise RoundFailed(f"timeout: no reply for {self.timeout_s:g} s ({type(err).__name__})") from None
         except httpx.HTTPError as err:
-            raise RoundFailed(f"connection error: {type(err).__name__}: {err}") from None
+            raise RoundFailed(f"connection error: {type(err).__name__}: {err}", retryable=True) from None
         if len(output_ids) != record.output_tokens:
             raise RoundFailed(f"output of {len(output_ids)} tokens, expected {record.output_tokens}")
         record.done_s = last_s
@@ -288,7 +326,8 @@ class _Replayer:
                 output_ids += token_ids
                 last_s = at_s
         if not done:
-            raise RoundFailed(f"stream ended before [DONE] after {len(output_ids)} of {record.output_tokens} tokens")
+            raise RoundFailed(f"stream ended before [DONE] after {len(output_ids)} of {record.output_tokens} tokens",
+                              retryable=True)
         return output_ids, last_s
 
 
@@ -306,7 +345,8 @@ def _check_inputs(sessions: Sequence[Session], vocab_size: int, timeout_s: float
 
 async def replay(url: str, sessions: Sequence[Session], *, model: str, clock: ScaledClock, ttft_slo_s: float,
                  itl_slo_s: float, scope: SloScope = SloScope.MEAN, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                 seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, progress: bool = False) -> ReplayResult:
+                 seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, progress: bool = False,
+                 failover_urls: Sequence[str] = (), retry_s: float = 0.0) -> ReplayResult:
     """Replay ``sessions`` against ``url`` (the server's base URL, e.g.
     ``http://127.0.0.1:8000``) and summarise them under the given thresholds.
 
@@ -320,6 +360,8 @@ async def replay(url: str, sessions: Sequence[Session], *, model: str, clock: Sc
         timeout_s: longest wait, wall seconds, for any step of a request
             (connect, reply headers, next chunk); past it the round fails.
         progress: show a tqdm bar of finished sessions on stderr.
+        failover_urls, retry_s: where a round that failed retryably is sent
+            again, for up to ``retry_s`` wall seconds (0: never retried).
 
     Raises:
         InputError: duplicate session ids, ``vocab_size < 1``, ``timeout_s <= 0``.
@@ -329,7 +371,7 @@ async def replay(url: str, sessions: Sequence[Session], *, model: str, clock: Sc
     ordered = sorted(sessions, key=lambda s: s.arrival_s)
     records = [SessionRecord(s.session_id, s.arrival_s, len(s.rounds)) for s in ordered]
     wall_start_s = time.perf_counter()
-    replayer = _Replayer(url, model, clock, vocab_size, seed, timeout_s)
+    replayer = _Replayer([url, *failover_urls], model, clock, vocab_size, seed, timeout_s, retry_s)
     with tqdm(total=len(ordered), desc="sessions", unit="session", file=sys.stderr, disable=not progress) as bar:
         async def run_one(session: Session, record: SessionRecord) -> Failure | None:
             failure = await replayer.run_session(session, record)
@@ -339,7 +381,7 @@ async def replay(url: str, sessions: Sequence[Session], *, model: str, clock: Sc
         outcomes = await asyncio.gather(*(run_one(s, r) for s, r in zip(ordered, records, strict=True)))
     failed = [f for f in outcomes if f is not None]
     return ReplayResult(records, failed, replayer.start_s, time.perf_counter() - wall_start_s,
-                        summarize(records, ttft_slo_s, itl_slo_s, scope))
+                        summarize(records, ttft_slo_s, itl_slo_s, scope), replayer.retries)
 
 
 def replay_sync(url: str, sessions: Sequence[Session], **kwargs) -> ReplayResult:
@@ -350,7 +392,8 @@ def replay_sync(url: str, sessions: Sequence[Session], **kwargs) -> ReplayResult
 async def replay_across(urls: Sequence[str], sessions: Sequence[Session], **kwargs) -> list[ReplayResult]:
     """Replay ``sessions`` through several coordinator replicas at once, session
     ``i`` through ``urls[i % len(urls)]`` (arrival times kept): what a load
-    balancer in front of the replicas would do. Arguments as ``replay``; one
-    result per URL."""
+    balancer in front of the replicas would do; with ``retry_s``, a round fails
+    over to the other URLs in turn. Arguments as ``replay``; one result per URL."""
     parts = [list(sessions)[i::len(urls)] for i in range(len(urls))]
-    return await asyncio.gather(*(replay(url, part, **kwargs) for url, part in zip(urls, parts)))
+    return await asyncio.gather(*(replay(url, part, failover_urls=[*urls[i + 1:], *urls[:i]], **kwargs)
+                                  for i, (url, part) in enumerate(zip(urls, parts))))
