@@ -93,6 +93,13 @@ def test_a_lone_surrogate_escaped_in_json_is_refused_in_a_session_id():
     assert reply.status_code == 400 and "U+D800 at position 1" in reply.json()["error"]["message"]
 
 
+def test_a_string_left_open_full_of_escaped_quotes_is_refused_as_it_is():
+    """The depth scan would take quadratic time on it (each escaped quote would
+    start a string match running to the end): the parser refuses it first."""
+    reply = post(None, SID, raw=b'{"prompt": [1], "x": "' + b'\\"' * 4_000_000)  # 8 MB
+    assert reply.status_code == 400 and "not valid JSON" in reply.json()["error"]["message"]
+
+
 def test_depth_is_measured_outside_strings_and_limited():
     assert json_depth(b'{"a": [1, {"b": "[[[[{{"}], "c": "]]"}') == 3
     assert json_depth(b'"[[["') == 0

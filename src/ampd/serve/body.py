@@ -2,7 +2,8 @@
 at most ``serve.max_body_bytes`` bytes (413 beyond, read no further), UTF-8
 JSON nested at most ``serve.max_json_depth`` deep, and no number JSON does not
 have (``NaN``, ``Infinity``, or a literal too large for a double, which Python
-would read as infinite): each a 400 naming where it is."""
+would read as infinite): each a 400 naming where it is. Every step is linear
+in the body's length (the parser guards its own recursion)."""
 
 from __future__ import annotations
 
@@ -43,8 +44,10 @@ async def read_body(chunks: AsyncIterator[bytes], content_length: str | None, ma
 
 
 def json_depth(raw: bytes) -> int:
-    """How deep the arrays and objects of a JSON text nest (0 for a scalar),
-    found without parsing (strings skipped at C speed)."""
+    """How deep the arrays and objects of a *valid* JSON text nest (0 for a
+    scalar), strings skipped at C speed. Linear in the text's length for valid
+    JSON only: in a string left open, every escaped quote would start a match
+    that runs to the end (quadratic), hence ``parse_body`` parses first."""
     depth = deepest = 0
     for match in _TOKENS.finditer(raw):
         token = match.group()
@@ -64,8 +67,6 @@ def parse_body(raw: bytes, max_depth: int) -> dict:
             deeper than ``max_depth``, or holding NaN or an infinite number (the
             message names its field, e.g. ``temperature``).
     """
-    if json_depth(raw) > max_depth:
-        raise ServeError(400, f"request body: nested deeper than {max_depth} levels (serve.max_json_depth)")
     seen: list[_NotANumber] = []
 
     def not_a_number(text: str) -> _NotANumber:
@@ -80,8 +81,12 @@ def parse_body(raw: bytes, max_depth: int) -> dict:
         body = json.loads(raw.decode("utf-8"), parse_constant=not_a_number, parse_float=double)
     except UnicodeDecodeError as err:
         raise ServeError(400, f"request body: not UTF-8: {err.reason} at byte {err.start}") from None
-    except (ValueError, RecursionError) as err:
+    except RecursionError:  # the parser's own guard, far deeper than any limit allowed
+        raise ServeError(400, f"request body: nested deeper than {max_depth} levels (serve.max_json_depth)") from None
+    except ValueError as err:
         raise ServeError(400, f"request body: not valid JSON: {err}") from None
+    if json_depth(raw) > max_depth:
+        raise ServeError(400, f"request body: nested deeper than {max_depth} levels (serve.max_json_depth)")
     if not isinstance(body, dict):
         raise ServeError(400, "request body: expected a JSON object")
     if seen:  # only then is the body walked, to name the field
