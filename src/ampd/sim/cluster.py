@@ -11,7 +11,7 @@ from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.core.task import PrefillTask
 from ampd.core.view import ClusterView
-from ampd.metrics.records import RoundRecord, SessionRecord
+from ampd.metrics.records import ItlSeries, RoundRecord, SessionRecord
 from ampd.perf.interface import PerfModel
 from ampd.policy.binding import MostFreeKvBinder
 from ampd.policy.decisions import BindDecision, RouteDecision
@@ -167,11 +167,12 @@ class SimCluster:
         live = self._live[task.session_id]
         record = live.record.rounds[task.round_index]
         record.first_token_s, record.local, record.prefill_worker = self.loop.now_s, local, prefill_worker
-        self.workers[live.decode_worker].join(task, record.output_tokens, record.itls_s)
+        self.workers[live.decode_worker].join(task, record.output_tokens)
 
-    def round_done(self, session_id: str, round_index: int) -> None:
+    def round_done(self, session_id: str, round_index: int, itls: ItlSeries) -> None:
         live = self._live[session_id]
-        live.record.rounds[round_index].done_s = self.loop.now_s
+        record = live.record.rounds[round_index]
+        record.done_s, record.itls_s = self.loop.now_s, itls
         rounds = live.session.rounds
         if round_index + 1 < len(rounds):
             ready_s = self.loop.now_s + rounds[round_index].tool_s
