@@ -5,6 +5,7 @@ section 4's vLLM and vLLM-Continuum baselines)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ampd.core.deployment import WorkerSpec
@@ -80,6 +81,10 @@ class SimDecodeWorker:
     what the decode batch adds beyond a one-token step, the weights being read
     once. [our choice]
 
+    ``on_step``, when given, hears the (session id, round index) of every
+    sequence that got a token at the end of each step (the mock engine streams
+    them); it makes a step O(batch).
+
     Cost: a step costs O(1) plus O(1) per sequence that joins or finishes in it,
     whatever the batch size: the batch is kept as running totals (size, context
     tokens), each sequence's last step is known when it joins (no preemption), and
@@ -88,15 +93,17 @@ class SimDecodeWorker:
 
     def __init__(self, spec: WorkerSpec, loop: EventLoop, perf: PerfModel, queue_policy: QueuePolicy,
                  sink: RoundSink, window_s: float, batching: Batching = Batching(),
-                 kv_cache: SessionKvCache | None = None) -> None:
+                 kv_cache: SessionKvCache | None = None,
+                 on_step: Callable[[Iterable[tuple[str, int]]], None] | None = None) -> None:
         self.spec, self.loop, self.perf, self.queue_policy, self.sink = spec, loop, perf, queue_policy, sink
-        self.batching = batching
+        self.batching, self.on_step = batching, on_step
         self.kv = kv_cache or SessionKvCache(perf.kv_capacity_tokens(spec.tp))
         self.queue: list[QueuedTask] = []
         self.itl_window = SlidingWindowMean(window_s)
         self.steps = StepLog()
         self._joining: list[_Sequence] = []  # first token out, waiting for the next step
         self._step_joiners: list[_Sequence] = []  # joined the step in flight
+        self._running: dict[tuple[str, int], _Sequence] = {}  # in the steps, in the order they joined
         self._finishing: dict[int, list[_Sequence]] = {}  # step index -> sequences whose last token it is
         self._batch_size = 0
         self._context_tokens = 0
@@ -176,6 +183,7 @@ class SimDecodeWorker:
         for seq in self._joining:
             seq.first_step, seq.stop_step = step, step + seq.remaining_tokens
             self._finishing.setdefault(seq.stop_step - 1, []).append(seq)
+            self._running[(seq.session_id, seq.round_index)] = seq
             self._batch_size += 1
             self._context_tokens += seq.context_tokens
         self._step_joiners, self._joining = self._joining, []
@@ -241,8 +249,11 @@ class SimDecodeWorker:
         self._step_joiners = []
         self._last_step_end_s = now_s
         self._context_tokens += batch_size
+        if self.on_step is not None:
+            self.on_step(self._running)
         finished = self._finishing.pop(step, [])
         for seq in finished:
+            del self._running[(seq.session_id, seq.round_index)]
             self._batch_size -= 1
             self._context_tokens -= seq.context_tokens + seq.stop_step - seq.first_step
         return finished
