@@ -16,6 +16,7 @@ ALLOWED = {
     "workload": {"core"},
     "metrics": {"core"},
     "sim": {"core", "perf", "policy", "metrics"},
+    "measure": {"core", "perf", "metrics", "sim"},
     # serving drives the policies and (mock engines) the simulator's worker models; never the CLI
     "serve": {"core", "perf", "policy", "metrics", "sim", "workload", "config", "experiment", "planning"},
 }

@@ -19,7 +19,8 @@ from ampd.config import RunConfig, override
 from ampd.metrics.report import write_json
 from ampd.planner import AMPD_LOCAL_SHARE, SOLVERS, Plan, enumerate_plans, estimate_tau
 from ampd.planning import default_local_share, plan_for, planner_inputs
-from ampd.sweep import resolve_slo, run_sweep, workload_source
+from ampd.runner import PointRunner
+from ampd.sweep import resolve_slo, workload_source
 
 
 def _count(minimum: int):
@@ -39,7 +40,9 @@ def simulation_pool(config: RunConfig, plans: Sequence[Plan], sample: int, local
     """``plans`` plus ``sample`` other feasible plans drawn with ``random.Random(config.seed)``,
     all in the planner's order (``Plan.order_key``)."""
     c = config.cluster
-    table = estimate_tau(*planner_inputs(config), c.num_gpus, c.gpus_per_server, local_share, config.slo.scope.value)
+    sessions, perf, slo, window_s = planner_inputs(config)
+    table = estimate_tau(sessions, perf, slo, c.num_gpus, c.gpus_per_server, local_share, config.slo.scope.value,
+                         window_s=window_s)
     chosen = {str(p.deployment) for p in plans}
     others = [p for p in enumerate_plans(table) if str(p.deployment) not in chosen]
     extra = random.Random(config.seed).sample(others, min(sample, len(others)))
@@ -51,7 +54,7 @@ def simulate_plans(config: RunConfig, pool: Sequence[Plan], jobs: int | None = N
     and rank them: by SLO attainment, ties by mean TTFT. One row per plan, in pool order,
     with ``planned_rank`` (position in ``pool``) and ``simulated_rank`` (both from 1)."""
     configs = [override(config, cluster={"deployment": str(p.deployment)}) for p in pool]
-    runs = run_sweep(configs, jobs, progress=False)
+    runs = PointRunner(jobs, progress=False)(configs)
     order = sorted(range(len(pool)), key=lambda i: (-runs[i]["slo_attainment"], runs[i]["ttft_mean_s"], i))
     simulated_rank = {i: r + 1 for r, i in enumerate(order)}
     return [{"deployment": str(p.deployment), "objective": p.objective, "planned_rank": i + 1,

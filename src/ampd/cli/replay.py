@@ -81,7 +81,7 @@ def run_from_args(args: argparse.Namespace) -> ReplayResult:
         workload.update(workload_source(args.workload))
     config = override(config, workload=workload)
     sessions = sessions_for(config)
-    slo = slo_for(config, perf_model_for(config), sessions)
+    slo = slo_for(config, perf_model_for(config))
     config = override(config, slo={"ttft_s": slo.ttft_s, "itl_s": slo.itl_s})
     model = args.served_model or config.serve.served_model or config.cluster.model
     args.url = args.url or f"http://{config.serve.host}:{config.serve.port}"

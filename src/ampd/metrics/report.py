@@ -30,12 +30,13 @@ def write_json(path: Path, data) -> None:
 
 
 def write_csv(path: Path, rows: Sequence[dict]) -> None:
-    """Write dict rows as CSV with the first row's keys as header."""
+    """Write dict rows as CSV; the header is every key of every row, in the order
+    first seen (a cell a row lacks is empty)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         if not rows:
             return
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
         writer.writeheader()
         writer.writerows(rows)
 

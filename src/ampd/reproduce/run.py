@@ -21,7 +21,8 @@ from ampd.reproduce.capacity import find_knees, prefill_bound_rate_per_s
 from ampd.reproduce.deployments import colocated_candidates, disaggregated_candidates
 from ampd.reproduce.search import coarse, pick_best, same_pair
 from ampd.slo_rule import reference_tp
-from ampd.sweep import resolve_slo, run_sweep
+from ampd.runner import PointRunner as Runner
+from ampd.sweep import resolve_slo
 
 
 @dataclass(frozen=True)
@@ -60,16 +61,6 @@ def _even_split(perf: PerfModel, num_gpus: int) -> Deployment:
     ref = reference_tp(perf)
     options = coarse(disaggregated_candidates(perf, num_gpus), num_gpus)
     return min(options, key=lambda d: sum(abs(g.tp - ref) for g in d.groups))
-
-
-class Runner:
-    """Runs batches of configurations in parallel, through the point cache."""
-
-    def __init__(self, out_dir: Path, jobs: int | None, progress: bool) -> None:
-        self.cache_dir, self.jobs, self.progress = out_dir / "points", jobs, progress
-
-    def __call__(self, configs: Sequence[RunConfig]) -> list[dict]:
-        return run_sweep(configs, self.jobs, self.progress, self.cache_dir)
 
 
 def search_best(cells: list[Prepared], run: Runner) -> dict[tuple[str, str], tuple[Deployment, str]]:
