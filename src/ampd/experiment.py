@@ -22,8 +22,7 @@ from ampd.config import RunConfig
 from ampd.core.deployment import Deployment, Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.core.session import Session
-from ampd.measure import TRANSIENT, MeasurePlan, Stability, judge, measure_plan, unloaded_lifetime_s
-from ampd.metrics.slo import slo_attainment
+from ampd.measure import TRANSIENT, MeasurePlan, Stability, measure_plan, measure_window, unloaded_lifetime_s
 from ampd.metrics.summary import RunSummary, summarize
 from ampd.perf import build_perf_model, catalog
 from ampd.perf.interface import PerfModel
@@ -218,11 +217,6 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
         result = cluster.run(sessions)
         summary = summarize(result.sessions, slo.ttft_s, slo.itl_s, scope)
         return RunOutput(config, slo, summary, result, None, Stability(TRANSIENT, "a fixed number of sessions"))
-    limits = plan.limits(config.workload.rate_per_s)
-    result = cluster.run(sessions, limits)
-    measured = [s for s in result.sessions if limits.measured(s.arrival_s)]
-    first_half = [s for s in measured if s.arrival_s < plan.half_s]
-    summary = summarize(measured, slo.ttft_s, slo.itl_s, scope, duration_s=plan.window_s)
-    stability = judge(summary.slo_attainment, slo_attainment(first_half, slo.ttft_s, slo.itl_s, scope),
-                      result.in_system, limits.measure_from_s, limits.measure_to_s, result.stopped)
+    result = cluster.run(sessions, plan.limits(config.workload.rate_per_s))
+    summary, stability = measure_window(result.sessions, plan, slo.ttft_s, slo.itl_s, scope, result.stopped)
     return RunOutput(config, slo, summary, result, plan, stability)

@@ -81,28 +81,48 @@ def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
     return configs
 
 
-def sweep_capacities(configs: Sequence[RunConfig], rows: Sequence[dict], run: PointRunner) -> list[dict]:
-    """The capacity (``ampd.measure.capacity``) of every (workload, system) of a
-    swept ``configs``, each search seeded with the sweep's own points at that
-    workload and system, so it starts from their bracket. One row per pair: its
-    deployment, ``capacity_per_s``, ``capacity_per_gpu``, the bracket's upper end
-    ``above_per_s`` (the lowest rate measured not to meet the SLO; None when the
-    search found none) and ``num_runs``."""
-    groups: dict[tuple[str, str], list[int]] = {}
-    for i, c in enumerate(configs):
-        groups.setdefault((c.workload.label, c.system), []).append(i)
-    bases, searches = [], []
-    for indices in groups.values():
-        base = configs[indices[0]]
-        search = CapacitySearch(max(configs[i].workload.rate_per_s for i in indices))
-        for i in indices:
-            search.record(configs[i].workload.rate_per_s, rows[i])
-        bases.append(base)
+def search_capacities(bases: Sequence[RunConfig], seeds: Sequence[Sequence[dict]], run: PointRunner,
+                      starts_per_s: Sequence[float] | None = None) -> list[CapacitySearch]:
+    """The capacity search (``ampd.measure.capacity``) of each base configuration
+    (its rate is replaced), all stepping together through ``run``. Each search is
+    seeded with rows already run for that configuration (``rate_per_s``,
+    ``slo_attainment``, ``verdict``), so it starts from their bracket; one without
+    seeds starts at ``starts_per_s`` (default: the base's rate)."""
+    searches = []
+    for i, (base, rows) in enumerate(zip(bases, seeds, strict=True)):
+        search = CapacitySearch(starts_per_s[i] if starts_per_s is not None else base.workload.rate_per_s)
+        for row in rows:
+            search.record(row["rate_per_s"], row)
         searches.append(search)
     find_capacities(searches, lambda batch: run([resolve_measure(override(bases[i], workload={"rate_per_s": r}))
                                                   for i, r in batch]))
-    return [{"workload": b.workload.label, "system": b.system, "deployment": b.cluster.deployment,
-             "num_gpus": b.cluster.num_gpus, "capacity_per_s": s.capacity_per_s,
-             "capacity_per_gpu": s.capacity_per_s / b.cluster.num_gpus, "above_per_s": s.high_per_s,
-             "bounded": s.bounded, "num_runs": len(s.rows)}
-            for b, s in zip(bases, searches)]
+    return searches
+
+
+def capacity_row(base: RunConfig, search: CapacitySearch) -> dict:
+    """A capacity as a row: what ran, ``capacity_per_s``, ``capacity_per_gpu``, the
+    bracket's upper end ``above_per_s`` (the lowest rate measured not to meet the
+    SLO; None when the search found none), ``bounded`` and ``num_runs``."""
+    return {"workload": base.workload.label, "system": base.system, "deployment": base.cluster.deployment,
+            "num_gpus": base.cluster.num_gpus, "capacity_per_s": search.capacity_per_s,
+            "capacity_per_gpu": search.capacity_per_s / base.cluster.num_gpus, "above_per_s": search.high_per_s,
+            "bounded": search.bounded, "num_runs": len(search.rows)}
+
+
+def sweep_capacities(configs: Sequence[RunConfig], rows: Sequence[dict], run: PointRunner) -> list[dict]:
+    """The capacity of every (workload, system) of a swept ``configs``
+    (``capacity_row``), each search seeded with the sweep's points at that
+    workload and system.
+
+    Raises:
+        InputError: the sweep's runs are transients (``workload.num_sessions``):
+            a capacity is a steady-state figure.
+    """
+    if any(c.workload.num_sessions is not None for c in configs):
+        raise InputError("capacity needs steady-state runs: leave workload.num_sessions (--num-sessions) unset")
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, c in enumerate(configs):
+        groups.setdefault((c.workload.label, c.system), []).append(i)
+    bases = [configs[indices[0]] for indices in groups.values()]
+    searches = search_capacities(bases, [[rows[i] for i in indices] for indices in groups.values()], run)
+    return [capacity_row(b, s) for b, s in zip(bases, searches)]

@@ -7,6 +7,8 @@ highest rate that keeps the SLO in steady state (``capacity``). Depends on
 from ampd.measure.capacity import CAPACITY_ATTAINMENT, CapacitySearch, find_capacities
 from ampd.measure.plan import MeasurePlan, measure_plan, unloaded_lifetime_s
 from ampd.measure.verdict import STABLE, TRANSIENT, UNSTABLE, Stability, judge
+from ampd.measure.window import in_system_at_arrivals, measure_window
 
 __all__ = ["CAPACITY_ATTAINMENT", "CapacitySearch", "MeasurePlan", "STABLE", "Stability", "TRANSIENT",
-           "UNSTABLE", "find_capacities", "judge", "measure_plan", "unloaded_lifetime_s"]
+           "UNSTABLE", "find_capacities", "in_system_at_arrivals", "judge", "measure_plan", "measure_window",
+           "unloaded_lifetime_s"]

@@ -35,8 +35,6 @@ class SimResult:
         binds, routes: every decision, in the order taken.
         num_events: events the loop ran.
         end_s: virtual time of the last event.
-        in_system: (time s, sessions arrived and not finished, the new one
-            included) at every arrival.
         stopped: why the run stopped before its measured sessions all finished
             (``RunLimits``), or None.
     """
@@ -46,7 +44,6 @@ class SimResult:
     routes: list[RouteDecision] = field(default_factory=list)
     num_events: int = 0
     end_s: float = 0.0
-    in_system: list[tuple[float, int]] = field(default_factory=list)
     stopped: str | None = None
 
 
@@ -158,7 +155,6 @@ class SimCluster:
         live = _Live(session, SessionRecord(session.session_id, session.arrival_s, len(session.rounds)))
         self.result.sessions.append(live.record)
         self._live[session.session_id] = live
-        self.result.in_system.append((self.loop.now_s, len(self._live)))
         limits = self._limits
         if limits is not None and len(self._live) > limits.max_in_system:
             self.result.stopped = f"overloaded: more than {limits.max_in_system} sessions in the system"

@@ -5,7 +5,7 @@ section 4's vLLM and vLLM-Continuum baselines)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ampd.core.deployment import WorkerSpec
@@ -101,6 +101,7 @@ class SimDecodeWorker:
         self.queue: list[QueuedTask] = []
         self.itl_window = SlidingWindowMean(window_s)
         self.steps = StepLog()
+        self._step_ends = self.steps.ends_s
         self._joining: list[_Sequence] = []  # first token out, waiting for the next step
         self._step_joiners: list[_Sequence] = []  # joined the step in flight
         self._running: dict[tuple[str, int], _Sequence] = {}  # in the steps, in the order they joined
@@ -148,7 +149,7 @@ class SimDecodeWorker:
     def _kick(self) -> None:
         if self._busy_until_s is not None:
             return
-        decoding = self.batch_size > 0
+        decoding = self._batch_size > 0 or bool(self._joining)
         if self.batching.mode == "chunked":
             if self.queue or self._chunking or decoding:
                 self._start_mixed_step()
@@ -179,7 +180,9 @@ class SimDecodeWorker:
     def _admit_joining(self) -> None:
         """Sequences waiting for a step join the one starting now (numbered
         ``len(self.steps)``: a step is logged when it ends, one at a time)."""
-        step = len(self.steps)
+        if not self._joining:
+            return
+        step = len(self._step_ends)
         for seq in self._joining:
             seq.first_step, seq.stop_step = step, step + seq.remaining_tokens
             self._finishing.setdefault(seq.stop_step - 1, []).append(seq)
@@ -190,8 +193,11 @@ class SimDecodeWorker:
 
     def _decode_s(self) -> float:
         """One decode step of the batch as it will be once the joining sequences are in."""
-        joining_tokens = sum(s.context_tokens for s in self._joining)
-        return self.perf.decode_step_s(self.batch_size, self._context_tokens + joining_tokens, self.spec.tp)
+        batch, context = self._batch_size, self._context_tokens
+        if self._joining:
+            batch += len(self._joining)
+            context += sum(s.context_tokens for s in self._joining)
+        return self.perf.decode_step_s(batch, context, self.spec.tp)
 
     def _start_step(self, step_s: float, chunk: int = 0) -> None:
         self._admit_joining()
@@ -219,7 +225,7 @@ class SimDecodeWorker:
     def _end_step(self, batch_size: int, chunk: int) -> None:
         """Every sequence of the step has one more token; state is settled before
         any callback runs, since the sink may start work on this worker."""
-        finished = self._emit_tokens(batch_size) if batch_size else []
+        finished = self._emit_tokens(batch_size) if batch_size else ()
         prefilled = None
         if chunk:
             self._chunking.done_tokens += chunk
@@ -234,24 +240,26 @@ class SimDecodeWorker:
             self.sink.first_token(prefilled, self.spec.worker_id, True)
         self._kick()
 
-    def _emit_tokens(self, batch_size: int) -> list[_Sequence]:
+    def _emit_tokens(self, batch_size: int) -> Sequence[_Sequence]:
         """Log the step, feed the ITL window (sequences in the previous step waited
         since its end, those that joined since they joined) and take out the
         sequences whose last token this was."""
         now_s = self.loop.now_s
-        step = len(self.steps)
-        self.steps.append(now_s)
-        continuing = batch_size - len(self._step_joiners)
+        step = len(self._step_ends)
+        self._step_ends.append(now_s)
+        joiners = self._step_joiners
+        continuing = batch_size - len(joiners)
         if continuing:
             self.itl_window.add(now_s, now_s - self._last_step_end_s, continuing)
-        for seq in self._step_joiners:
-            self.itl_window.add(now_s, now_s - seq.join_s)
-        self._step_joiners = []
+        if joiners:
+            for seq in joiners:
+                self.itl_window.add(now_s, now_s - seq.join_s)
+            self._step_joiners = []
         self._last_step_end_s = now_s
         self._context_tokens += batch_size
         if self.on_step is not None:
             self.on_step(self._running)
-        finished = self._finishing.pop(step, [])
+        finished = self._finishing.pop(step, ())
         for seq in finished:
             del self._running[(seq.session_id, seq.round_index)]
             self._batch_size -= 1
