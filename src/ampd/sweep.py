@@ -1,8 +1,9 @@
 """Sweeps: systems x workloads x rates, each point one simulation, run on every
 core. Thresholds are resolved once per workload (from its sample sessions) so
 every system and rate of that workload is judged alike; an ``auto`` deployment
-once per workload and system (``_planned``); each point's warm-up, window and
-drain at its own rate (``resolve_measure``)."""
+once per workload and system (``_planned``). A point's warm-up, window and
+drain are left as the user set them, so each rate gets its own defaults when it
+runs (``ampd.experiment.measure_for``); ``resolve_measure`` writes them out."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
             cluster = {"deployment": sweep.deployments[system]} if system in sweep.deployments else {}
             planned = _planned(override(resolved, system=system, cluster=cluster), w.rates_per_s)
             for rate in w.rates_per_s:
-                configs.append(resolve_measure(override(planned, workload={"rate_per_s": rate})))
+                configs.append(override(planned, workload={"rate_per_s": rate}))
     return configs
 
 
@@ -87,15 +88,16 @@ def search_capacities(bases: Sequence[RunConfig], seeds: Sequence[Sequence[dict]
     (its rate is replaced), all stepping together through ``run``. Each search is
     seeded with rows already run for that configuration (``rate_per_s``,
     ``slo_attainment``, ``verdict``), so it starts from their bracket; one without
-    seeds starts at ``starts_per_s`` (default: the base's rate)."""
+    seeds starts at ``starts_per_s`` (default: the base's rate). A base's
+    ``measure`` section must hold only what the user set (not ``resolve_measure``'s
+    output), so every rate gets its own window."""
     searches = []
     for i, (base, rows) in enumerate(zip(bases, seeds, strict=True)):
         search = CapacitySearch(starts_per_s[i] if starts_per_s is not None else base.workload.rate_per_s)
         for row in rows:
             search.record(row["rate_per_s"], row)
         searches.append(search)
-    find_capacities(searches, lambda batch: run([resolve_measure(override(bases[i], workload={"rate_per_s": r}))
-                                                  for i, r in batch]))
+    find_capacities(searches, lambda batch: run([override(bases[i], workload={"rate_per_s": r}) for i, r in batch]))
     return searches
 
 

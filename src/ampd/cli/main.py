@@ -17,7 +17,7 @@ from ampd.metrics.plot import plot_attainment
 from ampd.metrics.report import decision_rows, round_rows, write_csv, write_json, write_jsonl
 from ampd.policy.systems import SYSTEMS
 from ampd.runner import PointRunner
-from ampd.sweep import plan_sweep, resolve, sweep_capacities, workload_source
+from ampd.sweep import plan_sweep, resolve, resolve_measure, sweep_capacities, workload_source
 
 
 def _floats(text: str) -> list[float]:
@@ -102,7 +102,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     if capacities:
         print_table(capacity_table("capacity: highest rate with >= 90 % SLO attainment in steady state", capacities))
     write_json(out_dir / "sweep.json", {"rows": rows, "capacities": capacities,
-                                        "configs": [x.model_dump(mode="json") for x in configs]})
+                                        "configs": [resolve_measure(x).model_dump(mode="json") for x in configs]})
     write_csv(out_dir / "sweep.csv", rows)
     plot_attainment(rows, out_dir / "sweep.png", title,
                     {(r["workload"], r["system"]): r["capacity_per_s"] for r in capacities})

@@ -90,7 +90,7 @@ def judge(attainment: float, attainment_half: float, samples: Sequence[tuple[flo
         reasons.append("no session arrived in the window")
     if stopped is not None:
         reasons.append(stopped)
-    if abs(attainment - attainment_half) > ATTAINMENT_TOLERANCE:
+    if abs(attainment - attainment_half) > ATTAINMENT_TOLERANCE + 1e-12:  # 2.0 points is within (float noise)
         reasons.append(f"attainment {100 * attainment_half:.1f} % over the window's first half, "
                        f"{100 * attainment:.1f} % over all of it")
     if growth > GROWTH_TOLERANCE and growth_sd > GROWTH_NOISE_SD:

@@ -23,7 +23,7 @@ from ampd.reproduce.deployments import colocated_candidates, disaggregated_candi
 from ampd.reproduce.search import coarse, pick_best, same_pair
 from ampd.runner import PointRunner
 from ampd.slo_rule import reference_tp
-from ampd.sweep import capacity_row, resolve_measure, resolve_slo, search_capacities
+from ampd.sweep import capacity_row, resolve_slo, search_capacities
 
 @dataclass(frozen=True)
 class Prepared:
@@ -104,9 +104,8 @@ def _planned(p: Prepared, system: str) -> Deployment | None:
 
 
 def _at(p: Prepared, system: str, deployment: Deployment, fraction: float, **policy) -> RunConfig:
-    return resolve_measure(override(p.config, system=system, cluster={"deployment": str(deployment)},
-                                    workload={"rate_per_s": p.reference_per_s * fraction},
-                                    **({"policy": policy} if policy else {})))
+    return override(p.config, system=system, cluster={"deployment": str(deployment)},
+                    workload={"rate_per_s": p.reference_per_s * fraction}, **({"policy": policy} if policy else {}))
 
 
 def _annotate(rows: list[dict], labels: list[dict]) -> list[dict]:
