@@ -209,7 +209,9 @@ class SweepConfig(_Strict):
     deployments: dict[str, str] = Field({}, description="per-system deployment, e.g. colocated baselines' "
                                                            "'D:<TP=4,DP=2>'; others use cluster.deployment")
     capacity: bool = Field(False, description="also find each (workload, system)'s capacity: the highest rate "
-                                              "with >= 90 % SLO attainment in steady state")
+                                              "whose steady-state SLO attainment is >= capacity_attainment")
+    capacity_attainment: float = Field(0.9, gt=0, le=1, description="the attainment a capacity keeps (AMPD.md "
+                                                                     "section 6: 90 %)")
 
 
 def _errors_text(err: ValidationError) -> str:

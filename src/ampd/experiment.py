@@ -33,7 +33,7 @@ from ampd.sim.cluster import SimCluster, SimResult, WorkerOptions
 from ampd.sim.decode_worker import Batching
 from ampd.slo_rule import derive_slo, reference_tp
 from ampd.workload import (
-    builtin_trace, cycled, load_any, poisson_arrivals, poisson_until, repeated, synthetic_sessions,
+    builtin_trace, cycled, load_any, poisson_arrivals, poisson_until, repeated, sampled, synthetic_sessions,
     with_arrivals)
 
 # [our choice] Sessions of a synthetic workload that stand for it where a run needs its
@@ -100,14 +100,20 @@ def _trace(config: RunConfig) -> list[Session]:
 
 def session_stream(config: RunConfig) -> Iterator[Session]:
     """The workload's sessions in arrival order, without arrival times: a synthetic
-    workload's endless stream, or the trace repeated (``ampd.workload.cycled``).
+    workload's endless stream; a trace's sessions in their recorded order (a run
+    of ``num_sessions``, or recorded arrivals: the trace repeated,
+    ``ampd.workload.cycled``), else drawn at random from it
+    (``ampd.workload.sampled``: a steady state of the trace's mix).
 
     Raises:
         InputError: an unknown workload, or a trace that cannot be read (named).
     """
-    if config.workload.name is not None:
-        return synthetic_sessions(config.workload.name, _rngs(config)[0])
-    return cycled(_trace(config))
+    w = config.workload
+    if w.name is not None:
+        return synthetic_sessions(w.name, _rngs(config)[0])
+    if w.num_sessions is not None or w.arrivals == "recorded":
+        return cycled(_trace(config))
+    return sampled(_trace(config), _rngs(config)[0])
 
 
 def sample_sessions(config: RunConfig) -> list[Session]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from ampd.config import RunConfig, SweepConfig, override
 from ampd.core.errors import InputError
 from ampd.experiment import measure_for, perf_model_for, slo_for
-from ampd.measure import CapacitySearch, find_capacities
+from ampd.measure import CAPACITY_ATTAINMENT, CapacitySearch, find_capacities
 from ampd.planning import resolve_deployment
 from ampd.runner import PointRunner
 from ampd.workload import WORKLOADS
@@ -83,17 +83,19 @@ def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
 
 
 def search_capacities(bases: Sequence[RunConfig], seeds: Sequence[Sequence[dict]], run: PointRunner,
-                      starts_per_s: Sequence[float] | None = None) -> list[CapacitySearch]:
+                      starts_per_s: Sequence[float] | None = None,
+                      target: float = CAPACITY_ATTAINMENT) -> list[CapacitySearch]:
     """The capacity search (``ampd.measure.capacity``) of each base configuration
     (its rate is replaced), all stepping together through ``run``. Each search is
     seeded with rows already run for that configuration (``rate_per_s``,
     ``slo_attainment``, ``verdict``), so it starts from their bracket; one without
-    seeds starts at ``starts_per_s`` (default: the base's rate). A base's
+    seeds starts at ``starts_per_s`` (default: the base's rate). ``target``: the
+    attainment a rate must keep (90 %, AMPD.md section 6, unless a sweep says). A base's
     ``measure`` section must hold only what the user set (not ``resolve_measure``'s
     output), so every rate gets its own window."""
     searches = []
     for i, (base, rows) in enumerate(zip(bases, seeds, strict=True)):
-        search = CapacitySearch(starts_per_s[i] if starts_per_s is not None else base.workload.rate_per_s)
+        search = CapacitySearch(starts_per_s[i] if starts_per_s is not None else base.workload.rate_per_s, target)
         for row in rows:
             search.record(row["rate_per_s"], row)
         searches.append(search)
@@ -102,16 +104,19 @@ def search_capacities(bases: Sequence[RunConfig], seeds: Sequence[Sequence[dict]
 
 
 def capacity_row(base: RunConfig, search: CapacitySearch) -> dict:
-    """A capacity as a row: what ran, ``capacity_per_s``, ``capacity_per_gpu``, the
-    bracket's upper end ``above_per_s`` (the lowest rate measured not to meet the
-    SLO; None when the search found none), ``bounded`` and ``num_runs``."""
+    """A capacity as a row: what ran, the ``target`` attainment, ``capacity_per_s``,
+    ``capacity_per_gpu``, the bracket's upper end ``above_per_s`` (the lowest rate
+    measured not to meet the SLO; None when the search found none), ``bounded`` and
+    ``num_runs``."""
     return {"workload": base.workload.label, "system": base.system, "deployment": base.cluster.deployment,
+            "target_attainment": search.target,
             "num_gpus": base.cluster.num_gpus, "capacity_per_s": search.capacity_per_s,
             "capacity_per_gpu": search.capacity_per_s / base.cluster.num_gpus, "above_per_s": search.high_per_s,
             "bounded": search.bounded, "num_runs": len(search.rows)}
 
 
-def sweep_capacities(configs: Sequence[RunConfig], rows: Sequence[dict], run: PointRunner) -> list[dict]:
+def sweep_capacities(configs: Sequence[RunConfig], rows: Sequence[dict], run: PointRunner,
+                     target: float = CAPACITY_ATTAINMENT) -> list[dict]:
     """The capacity of every (workload, system) of a swept ``configs``
     (``capacity_row``), each search seeded with the sweep's points at that
     workload and system.
@@ -126,5 +131,6 @@ def sweep_capacities(configs: Sequence[RunConfig], rows: Sequence[dict], run: Po
     for i, c in enumerate(configs):
         groups.setdefault((c.workload.label, c.system), []).append(i)
     bases = [configs[indices[0]] for indices in groups.values()]
-    searches = search_capacities(bases, [[rows[i] for i in indices] for indices in groups.values()], run)
+    searches = search_capacities(bases, [[rows[i] for i in indices] for indices in groups.values()], run,
+                                 target=target)
     return [capacity_row(b, s) for b, s in zip(bases, searches)]

@@ -24,9 +24,10 @@ RELATIVE_PRECISION = 0.05  # [our choice] 5 %: finer than the differences betwee
 MAX_DOUBLINGS = 10  # [our choice] a search gives up 2^10 times away from its start
 
 
-def meets_slo(row: dict) -> bool:
-    """Whether a run's row (``slo_attainment``, ``verdict``) keeps the SLO in steady state."""
-    return row["verdict"] == STABLE and row["slo_attainment"] >= CAPACITY_ATTAINMENT
+def meets_slo(row: dict, target: float = CAPACITY_ATTAINMENT) -> bool:
+    """Whether a run's row (``slo_attainment``, ``verdict``) keeps the SLO in steady
+    state: stable, and at least ``target`` of its sessions attain."""
+    return row["verdict"] == STABLE and row["slo_attainment"] >= target
 
 
 @dataclass
@@ -35,12 +36,14 @@ class CapacitySearch:
 
     Attributes:
         start_per_s: the first rate tried.
+        target: the attainment a rate must keep (``CAPACITY_ATTAINMENT``).
         low_per_s: highest rate measured to meet the SLO (None: none yet).
         high_per_s: lowest rate measured not to (None: none yet).
         rows: every run of the search, in order.
     """
 
     start_per_s: float
+    target: float = CAPACITY_ATTAINMENT
     low_per_s: float | None = None
     high_per_s: float | None = None
     rows: list[dict] = field(default_factory=list)
@@ -71,7 +74,7 @@ class CapacitySearch:
     def record(self, rate_per_s: float, row: dict) -> None:
         """One run at ``rate_per_s`` finished with ``row``."""
         self.rows.append(row)
-        if meets_slo(row):
+        if meets_slo(row, self.target):
             self.low_per_s = max(rate_per_s, self.low_per_s or 0.0)
         else:
             self.high_per_s = min(rate_per_s, self.high_per_s or math.inf)

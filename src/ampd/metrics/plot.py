@@ -11,6 +11,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 
+def steady_segments(points: Sequence[tuple[float, float, str]]) -> list[list[tuple[float, float]]]:
+    """Runs of consecutive (rate, attainment, verdict) points that are not unstable,
+    in rate order: a curve is drawn through each run, never across an unstable
+    point (nothing is known of the attainment there)."""
+    segments: list[list[tuple[float, float]]] = [[]]
+    for x, y, verdict in sorted(points):
+        if verdict == "unstable":
+            segments.append([])
+        else:
+            segments[-1].append((x, y))
+    return [s for s in segments if s]
+
+
 def plot_attainment(rows: Sequence[dict], path: Path, title: str = "",
                     capacities: Mapping[tuple[str, str], float] | None = None) -> None:
     """SLO attainment (%) against arrival rate, one panel per workload and one
@@ -27,10 +40,10 @@ def plot_attainment(rows: Sequence[dict], path: Path, title: str = "",
         for system in systems:
             pts = sorted((r["rate_per_s"], 100 * r["slo_attainment"], r.get("verdict", "stable")) for r in rows
                          if r["workload"] == workload and r["system"] == system)
-            steady = [(x, y) for x, y, v in pts if v != "unstable"]
             style = "--" if any(v == "transient" for _, _, v in pts) else "-"
-            ax.plot([p[0] for p in steady], [p[1] for p in steady], style, marker="o", color=colours[system],
-                    label=system)
+            for i, segment in enumerate(steady_segments(pts)):
+                ax.plot([p[0] for p in segment], [p[1] for p in segment], style, marker="o", color=colours[system],
+                        label=system if i == 0 else None)
             unstable = [(x, y) for x, y, v in pts if v == "unstable"]
             ax.plot([p[0] for p in unstable], [p[1] for p in unstable], "x", color=colours[system], alpha=0.6)
             capacity = (capacities or {}).get((workload, system))
@@ -44,7 +57,7 @@ def plot_attainment(rows: Sequence[dict], path: Path, title: str = "",
         ax.grid(alpha=0.3)
         ax.plot([], [], "x", color="grey", label="unstable (overloaded)")
         if capacities:
-            ax.plot([], [], ":", color="grey", label="capacity (>= 90 %, steady)")
+            ax.plot([], [], ":", color="grey", label="capacity")
         ax.legend(loc="lower left", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10, wrap=True)

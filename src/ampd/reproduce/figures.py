@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 from ampd.measure import STABLE  # noqa: E402
+from ampd.metrics.plot import steady_segments  # noqa: E402
 
 
 def _save(fig, path: Path) -> None:
@@ -45,10 +46,10 @@ def attainment_grid(rows: Sequence[dict], capacities: Sequence[dict], path: Path
         for system in systems:
             pts = sorted((r["rate_per_s"], 100 * r["slo_attainment"], r["verdict"]) for r in rows
                          if r["cell"] == cell and r["system"] == system)
-            stable = [(x, y) for x, y, v in pts if v == STABLE]
             dashed = "--" if system.endswith("[planner]") else "-"
-            ax.plot([p[0] for p in stable], [p[1] for p in stable], dashed, marker="o", ms=3, label=system,
-                    color=colours[system])
+            for i, segment in enumerate(steady_segments(pts)):
+                ax.plot([p[0] for p in segment], [p[1] for p in segment], dashed, marker="o", ms=3,
+                        label=system if i == 0 else None, color=colours[system])
             unstable = [(x, y) for x, y, v in pts if v != STABLE]
             ax.plot([p[0] for p in unstable], [p[1] for p in unstable], "x", ms=4, color=colours[system], alpha=0.5)
             if capacity.get((cell, system)):

@@ -36,6 +36,23 @@ def cycled(sessions: Sequence[Session]) -> Iterator[Session]:
             yield s if k == 0 else replace(s, session_id=f"{s.session_id}{REPEAT_SEPARATOR}{k}")
 
 
+def sampled(sessions: Sequence[Session], rng: np.random.Generator) -> Iterator[Session]:
+    """A trace's sessions drawn uniformly at random, with replacement, for ever; the
+    n-th draw of session ``s1`` is renamed ``s1#n`` (n counts every draw from 0), so
+    every session of a run is distinct. A stationary mix of the trace's sessions,
+    whatever order (time of day, say) they were recorded in: what a steady state
+    of that traffic is.
+
+    Raises:
+        InputError: the trace holds no session.
+    """
+    if not sessions:
+        raise InputError("the trace holds no session")
+    for n in itertools.count():
+        s = sessions[int(rng.integers(len(sessions)))]
+        yield replace(s, session_id=f"{s.session_id}{REPEAT_SEPARATOR}{n}")
+
+
 def poisson_until(horizon_s: float, rate_per_s: float, rng: np.random.Generator) -> list[float]:
     """Arrival times (s) of a Poisson process of ``rate_per_s`` in ``(0, horizon_s)``:
     exponential gaps, the first one after t = 0 (as ``poisson_arrivals``).
