@@ -68,9 +68,7 @@ def test_tiny_reproduce_end_to_end_and_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(grid, "QUICK_DISAGGREGATED", ("ampd", "pd-disagg"))
     monkeypatch.setattr(grid, "QUICK_COLOCATED", ("vllm",))
     monkeypatch.setattr("ampd.measure.plan.MIN_WINDOW_SESSIONS", 300)  # in-process (--jobs 1): shorter runs
-    monkeypatch.setattr(grid, "WINDOWS", (2, 3))
-    monkeypatch.setattr(grid, "ALPHAS", (0.9,))
-    monkeypatch.setattr(grid, "BETAS", (0.85,))
+    monkeypatch.setattr(grid, "QUICK_KNOBS", {"reorder_window": (2, 3), "alpha": (0.9,), "beta": (0.85,)})
     argv = ["reproduce", "--quick", "--jobs", "1", "--quiet", "--out", str(tmp_path)]
     assert main(argv) == 0
     results = json.loads((tmp_path / "results.json").read_text())

@@ -31,7 +31,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
                                "met_slo": p.reference_met_slo} for p in cells],
                "grid": grid_rows, "capacities": capacities, "ablation": ablation_rows,
                "ablation_capacities": run_capacities(ablation, ablation_rows, run),
-               "sensitivity": run_sensitivity(cells, best, run), "best": best}
+               "sensitivity": run_sensitivity(cells, best, run, args.quick), "best": best}
     tables = write(out_dir, args.quick, results)
     for g in tables["capacity_gains"]:
         if g["system"].removesuffix(grid.PLANNED) in ("ampd", "ampd-predictive"):

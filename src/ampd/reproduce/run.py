@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ampd.config import RunConfig, override
 from ampd.core.deployment import Deployment
 from ampd.core.errors import InputError
-from ampd.experiment import perf_model_for, sample_sessions
+from ampd.experiment import measure_for, perf_model_for, sample_sessions
 from ampd.perf.interface import PerfModel
 from ampd.planning import resolve_deployment
 from ampd.policy.systems import SYSTEMS
@@ -73,26 +73,35 @@ def search_best(cells: list[Prepared], run: PointRunner, quick: bool) -> dict[tu
     search (``search.py``) for every system, at the reference capacity, and for the
     AMPD family also the planner's best plan there, under the label
     ``<system> [planner]`` (experiments use the planner's choice for AMPD), when
-    the planner finds a feasible plan. With ``quick``, the coarse search only."""
+    the planner finds a feasible plan. Candidates are ranked on shorter runs
+    (``_screening``). With ``quick``, the coarse search only."""
     disaggregated, colocated = grid.systems(quick)
     planned, searches, pools = {}, {}, {}
     for p in cells:
         pd_all = disaggregated_candidates(p.perf, p.cell.num_gpus)
+        screening = _screening(p.config)
         for system in disaggregated:
             key = (p.cell.label, system)
             pools[key] = pd_all
-            searches[key] = (override(p.config, system=system), coarse(pd_all, p.cell.num_gpus))
+            searches[key] = (override(screening, system=system), coarse(pd_all, p.cell.num_gpus))
             plan = _planned(p, system) if SYSTEMS[system].adaptive else None
             if plan is not None:
                 planned[(p.cell.label, system + grid.PLANNED)] = (plan, "planner")
         for system in colocated:
-            searches[(p.cell.label, system)] = (override(p.config, system=system),
+            searches[(p.cell.label, system)] = (override(screening, system=system),
                                                 colocated_candidates(p.perf, p.cell.num_gpus))
     best = pick_best(searches, run)
     if not quick:
         best.update(pick_best({key: (searches[key][0], same_pair(pool, best[key])) for key, pool in pools.items()},
                               run))
     return {**{key: (d, "search") for key, d in best.items()}, **planned}
+
+
+def _screening(config: RunConfig) -> RunConfig:
+    """``config`` measured over ``grid.SCREEN_WINDOW_SHARE`` of its window, for ranking
+    candidate deployments."""
+    plan = measure_for(config)
+    return override(config, measure={"window_s": grid.SCREEN_WINDOW_SHARE * plan.window_s})
 
 
 def _planned(p: Prepared, system: str) -> Deployment | None:
@@ -151,13 +160,11 @@ def run_capacities(entries: list[Entry], rows: list[dict], run: PointRunner) -> 
     return [{**capacity_row(b, s), **label} for b, s, label in zip(bases, searches, labels)]
 
 
-def run_sensitivity(cells: list[Prepared], best: dict, run: PointRunner) -> list[dict]:
-    """AMPD at the search rate with w, alpha and beta varied one at a time."""
-    knobs = ([("reorder_window", w) for w in grid.WINDOWS] + [("alpha", a) for a in grid.ALPHAS]
-             + [("beta", b) for b in grid.BETAS])
+def run_sensitivity(cells: list[Prepared], best: dict, run: PointRunner, quick: bool) -> list[dict]:
+    """AMPD at the search rate with w, alpha and beta varied one at a time (``grid.knobs``)."""
     configs, labels = [], []
     for p in cells:
-        for name, value in knobs:
+        for name, value in grid.knobs(quick):
             configs.append(_at(p, "ampd", best[(p.cell.label, "ampd")][0], grid.SEARCH_FRACTION, **{name: value}))
             labels.append({"cell": p.cell.label, "knob": name, "value": value})
     return _annotate(run(configs), labels)
