@@ -11,10 +11,12 @@ exactly that many sessions and its verdict is ``transient``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -91,11 +93,24 @@ def _rngs(config: RunConfig) -> tuple[np.random.Generator, np.random.Generator]:
     return np.random.default_rng(content), np.random.default_rng(arrivals)
 
 
-def _trace(config: RunConfig) -> list[Session]:
+def _trace(config: RunConfig) -> tuple[Session, ...]:
+    """The configured trace's sessions (read once per file version: a sweep asks
+    for them at every point)."""
     w = config.workload
     if w.trace.startswith("builtin:"):
-        return builtin_trace(w.trace.removeprefix("builtin:"))
-    return load_any(w.trace, w.trace_format)
+        return _load(w.trace, None, 0.0)
+    try:
+        mtime_ns = Path(w.trace).stat().st_mtime_ns
+    except OSError:
+        mtime_ns = 0  # load_any names the missing file
+    return _load(w.trace, w.trace_format, mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(trace: str, trace_format: str | None, mtime_ns: float) -> tuple[Session, ...]:
+    if trace.startswith("builtin:"):
+        return tuple(builtin_trace(trace.removeprefix("builtin:")))
+    return tuple(load_any(trace, trace_format))
 
 
 def session_stream(config: RunConfig) -> Iterator[Session]:
@@ -120,7 +135,7 @@ def sample_sessions(config: RunConfig) -> list[Session]:
     """The sessions that stand for the workload (``SAMPLE_SESSIONS``)."""
     if config.workload.name is not None:
         return list(itertools.islice(session_stream(config), SAMPLE_SESSIONS))
-    return _trace(config)
+    return list(_trace(config))
 
 
 def measure_for(config: RunConfig, perf: PerfModel | None = None) -> MeasurePlan | None:
