@@ -1,11 +1,16 @@
 """Planner top-3 against simulated top-3: 3 models x 4 workloads on H20, the paper's
 cluster sizes (ToolBench and HotpotQA 8 GPUs, DuReader 16, GAIA 32; AMPD.md section 4).
 
+Everything in steady state (AMPD.md section 6): the planner reads the load inside the
+measurement window of the run it plans for, and every plan is simulated as a steady-state
+run (warm-up, window, drain) on the same sessions.
+
 For each cell the rate is the planner's knee: the highest rate at which the best plan
 keeps both P95 latencies within ``KNEE_Z`` x their thresholds (bisection on a log
 scale). The planner's top 3 and a seeded sample of ``SAMPLE`` other feasible plans are
-simulated (``NUM_SESSIONS`` sessions, the same ones for every plan) and ranked by SLO
-attainment, ties by mean TTFT. Each system is planned with its own local share
+simulated and ranked: stable runs first, then by SLO attainment, ties by mean TTFT
+(``ampd.cli.plan.simulate_plans``); an unstable plan's attainment counts as 0 in the
+regret. Each system is planned with its own local share
 (``ampd.planning.default_local_share``).
 
 Run: ``python bench/bench_planner_agreement.py`` -> ``bench/results/planner_agreement.json``
@@ -24,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from ampd.cli.plan import agreement, simulate_plans, simulation_pool  # noqa: E402
+from ampd.cli.tables import attainment_text  # noqa: E402
 from ampd.planning import default_local_share, plan_for  # noqa: E402
 from ampd.config import RunConfig, override  # noqa: E402
 from ampd.core.errors import InputError  # noqa: E402
@@ -32,7 +38,6 @@ from ampd.sweep import resolve_slo  # noqa: E402
 MODELS = ("Llama-3.1-70B", "Qwen3-32B", "Mixtral-8x7B")
 CELLS = (("toolbench", 8), ("hotpotqa", 8), ("dureader", 16), ("gaia", 32))
 SYSTEMS = ("ampd", "ampd-predictive", "pd-disagg")
-NUM_SESSIONS = 200
 SAMPLE = 9
 KNEE_Z = 1.0
 BISECTIONS = 7
@@ -40,7 +45,7 @@ BISECTIONS = 7
 
 def _config(model: str, workload: str, num_gpus: int, rate_per_s: float, system: str = "ampd") -> RunConfig:
     return resolve_slo(override(RunConfig(), system=system, cluster={"model": model, "num_gpus": num_gpus},
-                                workload={"name": workload, "num_sessions": NUM_SESSIONS, "rate_per_s": rate_per_s}))
+                                workload={"name": workload, "rate_per_s": rate_per_s}))
 
 
 def _best_z(config: RunConfig) -> float:
@@ -83,9 +88,9 @@ def _markdown(cells: list[dict]) -> str:
              "| same #1 | same top-3 set | same order | Spearman | regret |", "|" + "---|" * 11]
     for c in cells:
         for system, s in c["systems"].items():
-            attain = {r["deployment"]: r["slo_attainment"] for r in s["rows"]}
-            planned = "; ".join(f"{d} ({100 * attain[d]:.0f}%)" for d in s["planned_top"])
-            simulated = "; ".join(f"{d} ({100 * attain[d]:.0f}%)" for d in s["simulated_top"])
+            attain = {r["deployment"]: attainment_text(r) for r in s["rows"]}
+            planned = "; ".join(f"{d} ({attain[d]})" for d in s["planned_top"])
+            simulated = "; ".join(f"{d} ({attain[d]})" for d in s["simulated_top"])
             lines.append(f"| {c['model']} | {c['workload']} ({c['num_gpus']}) | {c['rate_per_s']:.3g} | {system} "
                          f"| {planned} | {simulated} | {'yes' if s['same_best'] else 'no'} "
                          f"| {'yes' if s['same_top_set'] else 'no'} | {'yes' if s['same_top_order'] else 'no'} "
@@ -116,7 +121,7 @@ def main() -> None:
     print(_markdown(cells))
     summary = _summary(cells)
     print(summary)
-    write_result("planner_agreement", {"gpu": "H20", "num_sessions": NUM_SESSIONS, "sample": SAMPLE,
+    write_result("planner_agreement", {"gpu": "H20", "runs": "steady state", "sample": SAMPLE,
                                        "knee_z": KNEE_Z, "systems": list(SYSTEMS), "summary": summary,
                                        "wall_s": time.perf_counter() - start, "cells": cells,
                                        "markdown": _markdown(cells)})

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from ampd.config import load_config, override  # noqa: E402
-from ampd.experiment import perf_model_for, sessions_for, slo_for  # noqa: E402
+from ampd.experiment import perf_model_for, sample_sessions, slo_for  # noqa: E402
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo.toml"
 PREFILL_TP = 2  # the demo's prefill replicas: P:<TP=2,DP=2>
@@ -28,8 +28,8 @@ def main() -> None:
     mooncake = next(w for w in sweep.workloads if w.workload.startswith("builtin:mooncake"))
     config = override(base, workload={"name": None, "trace": mooncake.workload,
                                       "rate_per_s": min(mooncake.rates_per_s)})
-    perf, sessions = perf_model_for(config), sessions_for(config)
-    slo = slo_for(config, perf, sessions)
+    perf, sessions = perf_model_for(config), sample_sessions(config)
+    slo = slo_for(config, perf)
     prompts = np.array([s.rounds[0].input_tokens for s in sessions])
     idle_ttft_s = [np.mean([perf.prefill_s(s.history_tokens(i), r.input_tokens, PREFILL_TP)
                             for i, r in enumerate(s.rounds)]) for s in sessions]

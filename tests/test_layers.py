@@ -16,8 +16,9 @@ ALLOWED = {
     "workload": {"core"},
     "metrics": {"core"},
     "sim": {"core", "perf", "policy", "metrics"},
+    "measure": {"core", "perf", "metrics", "sim"},
     # serving drives the policies and (mock engines) the simulator's worker models; never the CLI
-    "serve": {"core", "perf", "policy", "metrics", "sim", "workload", "config", "experiment", "planning"},
+    "serve": {"core", "perf", "policy", "metrics", "sim", "workload", "config", "experiment", "planning", "measure"},
 }
 FORBIDDEN_IN_POLICY = {"time", "datetime", "os", "socket", "subprocess", "pathlib", "io", "requests", "httpx",
                        "redis", "asyncio", "shutil", "tempfile", "urllib"}

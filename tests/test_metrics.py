@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ampd.metrics.records import RoundRecord, SessionRecord
+from ampd.metrics.records import RecordedItls, RoundRecord, SessionRecord
 from ampd.metrics.slo import SloScope, attains, percentile, session_latencies, slo_attainment
 from ampd.metrics.summary import summarize
 
@@ -13,7 +13,7 @@ def _session(sid, rounds, done=True):
     """rounds: list of (ready_s, first_token_s, itls, local)."""
     s = SessionRecord(sid, rounds[0][0], len(rounds))
     for i, (ready, first, itls, local) in enumerate(rounds):
-        s.rounds.append(RoundRecord(sid, i, ready, 0, 10, len(itls) + 1, 0, first, first + sum(itls), local, 0, list(itls)))
+        s.rounds.append(RoundRecord(sid, i, ready, 0, 10, len(itls) + 1, 0, first, first + sum(itls), local, 0, RecordedItls(itls)))
     s.done_s = s.rounds[-1].done_s if done else None
     return s
 
@@ -67,7 +67,7 @@ def test_summary_counts_local_share_and_goodput():
 
 
 def test_same_placement_share_counts_rounds_placed_alike_and_missing_ones_as_different():
-    from ampd.metrics.records import RoundRecord, SessionRecord
+    from ampd.metrics.records import RecordedItls, RoundRecord, SessionRecord
     from ampd.metrics.summary import same_placement_share
 
     def run(*locals_):

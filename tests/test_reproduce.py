@@ -1,14 +1,11 @@
 """``ampd reproduce``: its pieces on cases worked out by hand, and a tiny grid end to end."""
 
 import json
-import math
-
 import pytest
 
 from ampd.cli.main import main
 from ampd.perf import build_perf_model
 from ampd.reproduce import analysis, grid
-from ampd.reproduce.capacity import find_knees
 from ampd.reproduce.deployments import colocated_candidates, disaggregated_candidates
 from ampd.reproduce.search import coarse, same_pair
 
@@ -29,29 +26,33 @@ def test_disaggregated_candidates_of_a_70b_model_on_8_h20():
     assert len(same_pair(disaggregated_candidates(perf, 8), chosen)) == 3
 
 
-def test_knee_bisection_brackets_the_crossing():
-    # A system that attains everything below 0.37 sessions/s and nothing above: the knee is 0.37.
-    # Six geometric halvings of [0.1, 4] leave a bracket of ratio 40 ** (1/64) = 1.059.
-    from ampd.config import RunConfig
-    def evaluate(configs):
-        return [{"slo_attainment": 1.0 if c.workload.rate_per_s < 0.37 else 0.0} for c in configs]
-    (knee,) = find_knees([RunConfig()], [1.0], evaluate)
-    assert abs(math.log(knee / 0.37)) <= math.log(40) / 64
-
-
-def _row(cell, fraction, system, attainment, local=0.0):
+def _row(cell, fraction, system, attainment, local=0.0, verdict="stable"):
     return {"cell": cell, "rate_fraction": fraction, "system": system, "slo_attainment": attainment,
-            "workload": cell.split(" / ")[1], "local_prefill_share": local}
+            "workload": cell.split(" / ")[1], "local_prefill_share": local, "verdict": verdict}
 
 
-def test_gains_by_hand():
+def test_gains_by_hand_over_stable_points_only():
     rows = [_row("m / w / 8", 1.0, "ampd", 0.6), _row("m / w / 8", 1.0, "base", 0.3),
             _row("m / w / 8", 2.0, "ampd", 0.2), _row("m / w / 8", 2.0, "base", 0.1),
-            _row("m / w / 8", 3.0, "ampd", 0.1), _row("m / w / 8", 3.0, "base", 0.0)]
+            _row("m / w / 8", 3.0, "ampd", 0.1), _row("m / w / 8", 3.0, "base", 0.0),
+            _row("m / w / 8", 4.0, "ampd", 0.9), _row("m / w / 8", 4.0, "base", 0.1, verdict="unstable")]
     g = analysis.gains(rows, "ampd", "base")
-    # relative: +100 % and +100 % (the zero baseline point is left out); points: +30, +10, +10
+    # relative: +100 % and +100 % (the zero baseline point is left out, the unstable one too);
+    # points: +30, +10, +10
     assert g["mean_gain_pct"] == pytest.approx(100.0) and g["max_gain_pct"] == pytest.approx(100.0)
     assert g["mean_gain_points"] == pytest.approx(50 / 3) and g["baseline_zero_points"] == 1
+    assert g["unstable_points"] == 1
+
+
+def test_capacity_gains_by_hand():
+    caps = [{"cell": "a", "system": "ampd", "capacity_per_s": 1.5}, {"cell": "a", "system": "base", "capacity_per_s": 1.0},
+            {"cell": "b", "system": "ampd", "capacity_per_s": 0.9}, {"cell": "b", "system": "base", "capacity_per_s": 1.0},
+            {"cell": "c", "system": "ampd", "capacity_per_s": 0.5}, {"cell": "c", "system": "base", "capacity_per_s": 0.0}]
+    g = analysis.capacity_gains(caps, "ampd", "base")
+    # ratios 1.5 and 0.9: +50 % and -10 %, mean +20 %; cell c's baseline never met the SLO
+    assert g["mean_capacity_gain_pct"] == pytest.approx(20.0)
+    assert (g["min_capacity_gain_pct"], g["max_capacity_gain_pct"]) == pytest.approx((-10.0, 50.0))
+    assert g["num_cells"] == 2 and g["baseline_zero_cells"] == 1
 
 
 def test_local_share_by_workload():
@@ -63,12 +64,11 @@ def test_local_share_by_workload():
 
 def test_tiny_reproduce_end_to_end_and_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(grid, "MODELS", ("Llama-3.1-70B",))
-    monkeypatch.setattr(grid, "WORKLOADS", {"toolbench": (8, 25, 25)})
-    monkeypatch.setattr(grid, "DISAGGREGATED", ("ampd", "pd-disagg"))
-    monkeypatch.setattr(grid, "COLOCATED", ("vllm",))
-    monkeypatch.setattr(grid, "WINDOWS", (2, 3))
-    monkeypatch.setattr(grid, "ALPHAS", (0.9,))
-    monkeypatch.setattr(grid, "BETAS", (0.85,))
+    monkeypatch.setattr(grid, "WORKLOADS", {"toolbench": 8})
+    monkeypatch.setattr(grid, "QUICK_DISAGGREGATED", ("ampd", "pd-disagg"))
+    monkeypatch.setattr(grid, "QUICK_COLOCATED", ("vllm",))
+    monkeypatch.setattr("ampd.measure.plan.MIN_WINDOW_SESSIONS", 300)  # in-process (--jobs 1): shorter runs
+    monkeypatch.setattr(grid, "QUICK_KNOBS", {"reorder_window": (2, 3), "alpha": (0.9,), "beta": (0.85,)})
     argv = ["reproduce", "--quick", "--jobs", "1", "--quiet", "--out", str(tmp_path)]
     assert main(argv) == 0
     results = json.loads((tmp_path / "results.json").read_text())
@@ -78,7 +78,10 @@ def test_tiny_reproduce_end_to_end_and_resume(tmp_path, monkeypatch):
     assert systems == set(chosen)
     assert len(results["grid"]) == len(chosen) * len(grid.QUICK_RATE_FRACTIONS)
     assert {g["baseline"] for g in results["tables"]["gains"]} == {"pd-disagg", "vllm"}
-    for name in ("attainment_grid.png", "latency_breakdown.png", "ablation.png", "sensitivity.png", "tables.md"):
+    assert {c["system"] for c in results["capacities"]} == set(chosen)
+    assert all(r["verdict"] in ("stable", "unstable") for r in results["grid"])
+    for name in ("attainment_grid.png", "capacity.png", "latency_breakdown.png", "ablation.png", "sensitivity.png",
+                 "tables.md"):
         assert (tmp_path / name).stat().st_size > 0
     cached = sorted(p.name for p in (tmp_path / "points").iterdir())
     assert main(argv) == 0  # a second run reads every point back

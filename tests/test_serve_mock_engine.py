@@ -117,9 +117,9 @@ class _Recorder:
 
     def first_token(self, task, prefill_worker, local):
         self.log.append(("first", task.session_id, self.loop.now_s))
-        self.worker.join(task, self.outputs[task.session_id], [])
+        self.worker.join(task, self.outputs[task.session_id])
 
-    def round_done(self, session_id, round_index):
+    def round_done(self, session_id, round_index, itls):
         self.log.append(("done", session_id, self.loop.now_s))
 
 

@@ -247,9 +247,9 @@ def test_cli_writes_simulate_files(server, tmp_path):
         for i in range(3)) + "\n")
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--url", url, "--trace", str(trace), "--rate", "5", "--time-scale", str(TIME_SCALE),
-                              "--vocab-size", str(VOCAB), "--timeout-s", "5", "--out", str(tmp_path / "out"),
-                              "--quiet"])
+    args = parser.parse_args(["--url", url, "--trace", str(trace), "--num-sessions", "3", "--rate", "5",
+                              "--time-scale", str(TIME_SCALE), "--vocab-size", str(VOCAB), "--timeout-s", "5",
+                              "--out", str(tmp_path / "out"), "--quiet"])
     result = run_from_args(args)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     config = json.loads((tmp_path / "out" / "config.json").read_text())

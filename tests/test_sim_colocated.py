@@ -26,11 +26,11 @@ def test_prefill_first_runs_every_waiting_prefill_before_the_next_step():
     a = Session("a", 0.0, (Round(1000, 5),))
     b, c = Session("b", 1.03, (Round(100, 2),)), Session("c", 1.03, (Round(100, 2),))
     runs = _run([a, b, c])
-    assert runs["a"].rounds[0].itls_s == pytest.approx([0.02, 0.02, 0.22, 0.02])
+    assert list(runs["a"].rounds[0].itls_s) == pytest.approx([0.02, 0.02, 0.22, 0.02])
     assert runs["b"].rounds[0].first_token_s == pytest.approx(1.14)
     assert runs["c"].rounds[0].first_token_s == pytest.approx(1.24)
     alternate = _run([a, b, c], batching="alternate", retention="resident")
-    assert alternate["a"].rounds[0].itls_s == pytest.approx([0.02, 0.02, 0.12, 0.12])
+    assert list(alternate["a"].rounds[0].itls_s) == pytest.approx([0.02, 0.02, 0.12, 0.12])
 
 
 def test_chunked_prefill_bounds_the_decode_gap_by_the_chunk():
@@ -42,7 +42,7 @@ def test_chunked_prefill_bounds_the_decode_gap_by_the_chunk():
     b = Session("b", 0.13, (Round(200, 2),))
     runs = _run([a, b], batching="chunked", chunk=64)
     assert runs["a"].rounds[0].first_token_s == pytest.approx(0.1)
-    assert runs["a"].rounds[0].itls_s == pytest.approx([0.02, 0.02, 0.063, 0.063, 0.063])
+    assert list(runs["a"].rounds[0].itls_s) == pytest.approx([0.02, 0.02, 0.063, 0.063, 0.063])
     assert runs["b"].rounds[0].first_token_s == pytest.approx(0.340)
     assert max(runs["a"].rounds[0].itls_s) <= 0.064  # never the 0.2 s of B's whole prefill
 

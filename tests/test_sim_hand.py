@@ -25,7 +25,7 @@ def test_two_rounds_one_tool_call_remote():
     result = _cluster("P:<TP=1,DP=1> D:<TP=1,DP=1>", AlwaysRemoteRouter()).run([session])
     r0, r1 = result.sessions[0].rounds
     assert r0.first_token_s == pytest.approx(1.01)
-    assert r0.itls_s == pytest.approx([0.02, 0.02])
+    assert list(r0.itls_s) == pytest.approx([0.02, 0.02])
     assert r0.done_s == pytest.approx(1.05)
     assert r1.ready_s == pytest.approx(3.05)
     assert r1.hist_tokens == 1003
@@ -46,9 +46,9 @@ def test_local_prefill_delays_running_decode_by_its_prefill_time():
     b = Session("b", 1.03, (Round(100, 2),))
     result = _cluster("D:<TP=1,DP=1>", router).run([a, b])
     ra, rb = (s.rounds[0] for s in result.sessions)
-    assert ra.itls_s == pytest.approx([0.02, 0.02, 0.12, 0.02])
+    assert list(ra.itls_s) == pytest.approx([0.02, 0.02, 0.12, 0.02])
     assert rb.first_token_s == pytest.approx(1.14)
-    assert rb.itls_s == pytest.approx([0.02])
+    assert list(rb.itls_s) == pytest.approx([0.02])
     assert ra.done_s == pytest.approx(1.18)
     assert ra.local and rb.local
 

@@ -65,10 +65,12 @@ class WorkloadConfig(_Strict):
     """Which sessions to serve: a synthetic workload by ``name`` or a ``trace``
     (a shipped trace as ``builtin:<name>``, or a file path), never both.
 
-    ``num_sessions``: how many sessions; None means 200 synthetic sessions, or
-    every session of a trace. ``arrivals``: ``poisson`` draws new arrivals at
-    ``rate_per_s``; ``recorded`` keeps a trace's own arrival pattern, rescaled
-    to ``rate_per_s``.
+    ``num_sessions``: None (the default) runs sessions for as long as the
+    ``measure`` section says (a steady-state run; a trace is repeated as often as
+    needed); a number runs exactly that many (a transient, for traces and
+    tests). ``arrivals``: ``poisson`` draws new arrivals at ``rate_per_s``;
+    ``recorded`` keeps a trace's own arrival pattern, rescaled to ``rate_per_s``
+    and repeated back to back.
     """
 
     name: str | None = None
@@ -100,6 +102,19 @@ class WorkloadConfig(_Strict):
     @property
     def label(self) -> str:
         return self.name or self.trace
+
+
+class MeasureConfig(_Strict):
+    """How long a steady-state run lasts and what it measures (docs/CONFIG.md,
+    "Steady state"; ``ampd.measure.plan``), in simulated seconds. None: derived
+    from the workload's unloaded session lifetime. Not used when
+    ``workload.num_sessions`` is set."""
+
+    warmup_s: float | None = Field(None, ge=0, description="arrivals before the window, not measured")
+    window_s: float | None = Field(None, gt=0, description="sessions arriving in it are measured; its first "
+                                                           "half is compared with the whole (stability)")
+    drain_s: float | None = Field(None, ge=0, description="longest wait after the window for its sessions "
+                                                          "to finish")
 
 
 class EngineWorker(_Strict):
@@ -179,6 +194,7 @@ class RunConfig(_Strict):
     slo: SloConfig = SloConfig()
     policy: PolicyConfig = PolicyConfig()
     workload: WorkloadConfig = WorkloadConfig()
+    measure: MeasureConfig = MeasureConfig()
     serve: ServeConfig = ServeConfig()
 
 
@@ -205,6 +221,10 @@ class SweepConfig(_Strict):
     workloads: list[SweepWorkload] = Field(min_length=1)
     deployments: dict[str, str] = Field({}, description="per-system deployment, e.g. colocated baselines' "
                                                            "'D:<TP=4,DP=2>'; others use cluster.deployment")
+    capacity: bool = Field(False, description="also find each (workload, system)'s capacity: the highest rate "
+                                              "whose steady-state SLO attainment is >= capacity_attainment")
+    capacity_attainment: float = Field(0.9, gt=0, le=1, description="the attainment a capacity keeps (AMPD.md "
+                                                                     "section 6: 90 %)")
 
 
 def _errors_text(err: ValidationError) -> str:

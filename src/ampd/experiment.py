@@ -1,12 +1,22 @@
-"""One simulation run from a RunConfig, and sweeps of runs over systems, workloads
-and rates. The glue between configuration, workload, performance model, policies
-and simulator; every number it uses comes from the configuration."""
+"""One simulation run from a RunConfig: workload, performance model, policies and
+simulator glued together, every number from the configuration.
+
+A run is a steady-state measurement unless ``workload.num_sessions`` is set
+(AMPD.md section 6; ``ampd.measure``): sessions arrive for a warm-up, a
+measurement window and a drain, only those arriving inside the window are
+measured, and the run carries a stability verdict. With ``num_sessions`` it runs
+exactly that many sessions and its verdict is ``transient``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -14,6 +24,7 @@ from ampd.config import RunConfig
 from ampd.core.deployment import Deployment, Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.core.session import Session
+from ampd.measure import TRANSIENT, MeasurePlan, Stability, measure_plan, measure_window, unloaded_lifetime_s
 from ampd.metrics.summary import RunSummary, summarize
 from ampd.perf import build_perf_model, catalog
 from ampd.perf.interface import PerfModel
@@ -22,21 +33,47 @@ from ampd.policy.routing import SloThresholds
 from ampd.policy.systems import Knobs, System, get_system
 from ampd.sim.cluster import SimCluster, SimResult, WorkerOptions
 from ampd.sim.decode_worker import Batching
-from ampd.slo_rule import derive_slo
-from ampd.workload import builtin_trace, generate, load_any, rescale_rate, take, with_poisson_arrivals
+from ampd.slo_rule import derive_slo, reference_tp
+from ampd.workload import (
+    builtin_trace, cycled, load_any, poisson_arrivals, poisson_until, repeated, sampled, synthetic_sessions,
+    with_arrivals)
 
-
-SYNTHETIC_SESSIONS = 200  # sessions of a synthetic workload when workload.num_sessions is not set
+# [our choice] Sessions of a synthetic workload that stand for it where a run needs its
+# statistics (SLO thresholds, unloaded lifetime): enough that the means move by < 1 %
+# between seeds; a trace stands for itself (all its sessions, once).
+SAMPLE_SESSIONS = 1000
 
 
 @dataclass
 class RunOutput:
-    """A finished run: its configuration, thresholds, summary and raw result."""
+    """A finished run.
+
+    Attributes:
+        config: what ran.
+        slo: the thresholds.
+        summary: figures over the measured sessions (the window's, or all of a
+            transient run's).
+        result: the simulator's raw output (every session that arrived).
+        plan: the run's phases (None for a transient run).
+        stability: the verdict (``ampd.measure.verdict``).
+    """
 
     config: RunConfig
     slo: SloThresholds
     summary: RunSummary
     result: SimResult
+    plan: MeasurePlan | None
+    stability: Stability
+
+    def row(self) -> dict:
+        """The run as one flat row: what ran, the summary and the verdict."""
+        c = self.config
+        plan = {"warmup_s": self.plan.warmup_s, "window_s": self.plan.window_s} if self.plan else {}
+        return {"system": c.system, "workload": c.workload.label, "rate_per_s": c.workload.rate_per_s,
+                "model": c.cluster.model, "num_gpus": c.cluster.num_gpus, "deployment": c.cluster.deployment,
+                "ttft_slo_s": self.slo.ttft_s, "itl_slo_s": self.slo.itl_s, **self.summary.to_dict(),
+                **self.stability.to_dict(), **plan, "num_sessions_run": len(self.result.sessions),
+                "num_events": self.result.num_events}
 
 
 def perf_model_for(config: RunConfig) -> PerfModel:
@@ -49,39 +86,118 @@ def perf_model_for(config: RunConfig) -> PerfModel:
     return build_perf_model(cluster.model, cluster.gpu, topology)
 
 
-def sessions_for(config: RunConfig) -> list[Session]:
-    """The configured sessions: a synthetic workload, or a trace's first
-    ``num_sessions`` sessions with recorded (rescaled) or Poisson arrivals."""
+def _rngs(config: RunConfig) -> tuple[np.random.Generator, np.random.Generator]:
+    """Independent generators for session contents and for arrival times, both
+    from ``workload.seed``: the same sessions at every rate and run length."""
+    content, arrivals = np.random.SeedSequence(config.workload.seed).spawn(2)
+    return np.random.default_rng(content), np.random.default_rng(arrivals)
+
+
+def _trace(config: RunConfig) -> tuple[Session, ...]:
+    """The configured trace's sessions (read once per file version: a sweep asks
+    for them at every point)."""
     w = config.workload
-    rng = np.random.default_rng(w.seed)
-    if w.name is not None:
-        return generate(w.name, w.num_sessions or SYNTHETIC_SESSIONS, w.rate_per_s, rng)
     if w.trace.startswith("builtin:"):
-        sessions = builtin_trace(w.trace.removeprefix("builtin:"))
+        return _load(w.trace, None, 0.0)
+    try:
+        mtime_ns = Path(w.trace).stat().st_mtime_ns
+    except OSError:
+        mtime_ns = 0  # load_any names the missing file
+    return _load(w.trace, w.trace_format, mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _load(trace: str, trace_format: str | None, mtime_ns: float) -> tuple[Session, ...]:
+    if trace.startswith("builtin:"):
+        return tuple(builtin_trace(trace.removeprefix("builtin:")))
+    return tuple(load_any(trace, trace_format))
+
+
+def session_stream(config: RunConfig) -> Iterator[Session]:
+    """The workload's sessions in arrival order, without arrival times: a synthetic
+    workload's endless stream; a trace's sessions in their recorded order (a run
+    of ``num_sessions``, or recorded arrivals: the trace repeated,
+    ``ampd.workload.cycled``), else drawn at random from it
+    (``ampd.workload.sampled``: a steady state of the trace's mix).
+
+    Raises:
+        InputError: an unknown workload, or a trace that cannot be read (named).
+    """
+    w = config.workload
+    if w.name is not None:
+        return synthetic_sessions(w.name, _rngs(config)[0])
+    if w.num_sessions is not None or w.arrivals == "recorded":
+        return cycled(_trace(config))
+    return sampled(_trace(config), _rngs(config)[0])
+
+
+def sample_sessions(config: RunConfig) -> list[Session]:
+    """The sessions that stand for the workload (``SAMPLE_SESSIONS``)."""
+    if config.workload.name is not None:
+        return list(itertools.islice(session_stream(config), SAMPLE_SESSIONS))
+    return list(_trace(config))
+
+
+def measure_for(config: RunConfig, perf: PerfModel | None = None) -> MeasurePlan | None:
+    """The run's phases (``ampd.measure.measure_plan``; fields of ``config.measure``
+    that are set win), or None for a run of ``workload.num_sessions`` sessions."""
+    if config.workload.num_sessions is not None:
+        return None
+    perf = perf or perf_model_for(config)
+    lifetime_s = unloaded_lifetime_s(perf, sample_sessions(config), reference_tp(perf))
+    m = config.measure
+    return measure_plan(lifetime_s, config.workload.rate_per_s, m.warmup_s, m.window_s, m.drain_s)
+
+
+def _recorded_times(config: RunConfig) -> Iterator[float]:
+    """The trace's arrival pattern rescaled so that ``(n - 1) / span`` is the
+    configured rate, repeated for ever (``ampd.workload.repeated``).
+
+    Raises:
+        InputError: the trace's sessions all arrive at one time.
+    """
+    trace = _trace(config)
+    start_s = trace[0].arrival_s
+    span_s = trace[-1].arrival_s - start_s
+    if len(trace) < 2 or span_s <= 0:
+        raise InputError(f"workload.trace: {config.workload.trace}: every session arrives at the same time; "
+                         f"use arrivals = 'poisson'")
+    factor = config.workload.rate_per_s * span_s / (len(trace) - 1)
+    return repeated([(s.arrival_s - start_s) / factor for s in trace])
+
+
+def sessions_for(config: RunConfig, plan: MeasurePlan | None = None) -> list[Session]:
+    """The run's sessions with their arrival times: ``workload.num_sessions`` of
+    them, or as many as arrive before the ``plan``'s horizon (``measure_for``
+    when not given).
+
+    Raises:
+        InputError: an unknown workload, an unreadable trace, or recorded arrivals
+            that all fall at one time.
+    """
+    w = config.workload
+    n = w.num_sessions
+    if n is not None and w.trace is not None and n > len(_trace(config)):
+        raise InputError(f"workload.num_sessions = {n}, but trace {w.trace} holds {len(_trace(config))} sessions; "
+                         f"leave num_sessions unset for a steady-state run, which repeats the trace")
+    horizon_s = (plan or measure_for(config)).horizon_s if n is None else None
+    if w.trace is not None and w.arrivals == "recorded":
+        pattern = _recorded_times(config)
+        times = (list(itertools.islice(pattern, n)) if n is not None
+                 else list(itertools.takewhile(lambda t: t < horizon_s, pattern)))
+    elif n is None:
+        times = poisson_until(horizon_s, w.rate_per_s, _rngs(config)[1])
     else:
-        sessions = load_any(w.trace, w.trace_format)
-    if w.num_sessions is not None:
-        if w.num_sessions > len(sessions):
-            raise InputError(f"workload.num_sessions = {w.num_sessions}, but trace {w.trace} holds "
-                             f"{len(sessions)} sessions")
-        sessions = take(sessions, w.num_sessions)
-    if w.arrivals == "poisson" or len(sessions) < 2:
-        return with_poisson_arrivals(sessions, w.rate_per_s, rng)
-    return _at_rate(sessions, w.rate_per_s)
+        times = poisson_arrivals(n, w.rate_per_s, _rngs(config)[1])
+    return with_arrivals(session_stream(config), times)
 
 
-def _at_rate(sessions: list[Session], rate_per_s: float) -> list[Session]:
-    start_s = sessions[0].arrival_s
-    shifted = [dataclasses.replace(s, arrival_s=s.arrival_s - start_s) for s in sessions]
-    span_s = shifted[-1].arrival_s
-    if span_s <= 0:
-        raise InputError("workload.trace: every session arrives at the same time; use arrivals = 'poisson'")
-    return rescale_rate(shifted, rate_per_s * span_s / (len(shifted) - 1))
-
-
-def slo_for(config: RunConfig, perf: PerfModel, sessions: list[Session]) -> SloThresholds:
-    """The configured thresholds, each missing one derived by ``derive_slo``."""
-    derived = derive_slo(perf, sessions)
+def slo_for(config: RunConfig, perf: PerfModel) -> SloThresholds:
+    """The configured thresholds, each missing one derived by ``derive_slo`` from
+    the workload's ``sample_sessions``."""
+    if config.slo.ttft_s and config.slo.itl_s:
+        return SloThresholds(config.slo.ttft_s, config.slo.itl_s)
+    derived = derive_slo(perf, sample_sessions(config))
     return SloThresholds(config.slo.ttft_s or derived.ttft_s, config.slo.itl_s or derived.itl_s)
 
 
@@ -95,7 +211,8 @@ def _check_roles(system: System, specs: tuple[WorkerSpec, ...], deployment: str)
 
 
 def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOutput:
-    """Run ``config`` through the simulator.
+    """Run ``config`` through the simulator (on ``sessions`` instead of the
+    configured ones when given).
 
     Raises:
         InputError: unknown system, model or GPU; an infeasible deployment; a
@@ -103,8 +220,9 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     """
     system = get_system(config.system)
     perf = perf_model_for(config)
-    sessions = sessions if sessions is not None else sessions_for(config)
-    slo = slo_for(config, perf, sessions)
+    plan = measure_for(config, perf)
+    sessions = sessions if sessions is not None else sessions_for(config, plan)
+    slo = slo_for(config, perf)
     if config.cluster.deployment == "auto":
         raise InputError("cluster.deployment 'auto' must be resolved before simulating "
                          "(ampd.planning.resolve_deployment; the CLI does it)")
@@ -115,5 +233,11 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     router = system.make_router(perf, slo, knobs, random.Random(config.seed))
     options = WorkerOptions(p.window_s, Batching(system.batching, p.chunk_tokens), system.kv_retention, p.pin_ttl_s)
     cluster = SimCluster(specs, perf, router, system.make_queue_policy(slo, knobs), options)
-    result = cluster.run(sessions)
-    return RunOutput(config, slo, summarize(result.sessions, slo.ttft_s, slo.itl_s, config.slo.scope), result)
+    scope = config.slo.scope
+    if plan is None:
+        result = cluster.run(sessions)
+        summary = summarize(result.sessions, slo.ttft_s, slo.itl_s, scope)
+        return RunOutput(config, slo, summary, result, None, Stability(TRANSIENT, "a fixed number of sessions"))
+    result = cluster.run(sessions, plan.limits(config.workload.rate_per_s))
+    summary, stability = measure_window(result.sessions, plan, slo.ttft_s, slo.itl_s, scope, result.stopped)
+    return RunOutput(config, slo, summary, result, plan, stability)

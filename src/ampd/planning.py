@@ -7,7 +7,7 @@ from __future__ import annotations
 from ampd.config import RunConfig, override
 from ampd.core.deployment import Deployment, ReplicaGroup, Role
 from ampd.core.session import Session
-from ampd.experiment import perf_model_for, sessions_for, slo_for
+from ampd.experiment import measure_for, perf_model_for, sessions_for, slo_for
 from ampd.perf.interface import PerfModel
 from ampd.planner import AMPD_LOCAL_SHARE, Plan, plan_deployments
 from ampd.policy.routing import SloThresholds
@@ -29,10 +29,14 @@ def default_local_share(system: str) -> float:
     return AMPD_LOCAL_SHARE if get_system(system).adaptive else 0.0
 
 
-def planner_inputs(config: RunConfig) -> tuple[list[Session], PerfModel, SloThresholds]:
-    """The sessions, performance model and thresholds the planner plans a run for."""
-    perf, sessions = perf_model_for(config), sessions_for(config)
-    return sessions, perf, slo_for(config, perf, sessions)
+def planner_inputs(config: RunConfig) -> tuple[list[Session], PerfModel, SloThresholds, tuple[float, float] | None]:
+    """The sessions, performance model, thresholds and measurement window (None for
+    a run of ``workload.num_sessions`` sessions) the planner plans a run for: the
+    run's own, so the planner reads the steady state the run measures."""
+    perf = perf_model_for(config)
+    plan = measure_for(config, perf)
+    window_s = (plan.warmup_s, plan.warmup_s + plan.window_s) if plan else None
+    return sessions_for(config, plan), perf, slo_for(config, perf), window_s
 
 
 def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None,
@@ -46,8 +50,9 @@ def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None
     """
     share = default_local_share(config.system) if local_share is None else local_share
     c = config.cluster
-    return plan_deployments(*planner_inputs(config), c.num_gpus, c.gpus_per_server, top_k, share, solver,
-                            config.slo.scope.value)
+    sessions, perf, slo, window_s = planner_inputs(config)
+    return plan_deployments(sessions, perf, slo, c.num_gpus, c.gpus_per_server, top_k, share, solver,
+                            config.slo.scope.value, window_s)
 
 
 def colocated_default(config: RunConfig) -> Deployment:

@@ -1,24 +1,20 @@
 """Sweeps: systems x workloads x rates, each point one simulation, run on every
-core. Thresholds are resolved once per workload (from its sessions at the
-lowest rate) so every system and rate of that workload is judged alike; an
-``auto`` deployment once per workload and system (``_planned``)."""
+core. Thresholds are resolved once per workload (from its sample sessions) so
+every system and rate of that workload is judged alike; an ``auto`` deployment
+once per workload and system (``_planned``). A point's warm-up, window and
+drain are left as the user set them, so each rate gets its own defaults when it
+runs (``ampd.experiment.measure_for``); ``resolve_measure`` writes them out."""
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
-import os
 from collections.abc import Sequence
-from pathlib import Path
-from concurrent.futures import ProcessPoolExecutor
-
-from tqdm import tqdm
 
 from ampd.config import RunConfig, SweepConfig, override
 from ampd.core.errors import InputError
-from ampd.experiment import perf_model_for, sessions_for, simulate, slo_for
+from ampd.experiment import measure_for, perf_model_for, slo_for
+from ampd.measure import CAPACITY_ATTAINMENT, CapacitySearch, find_capacities
 from ampd.planning import resolve_deployment
+from ampd.runner import PointRunner
 from ampd.workload import WORKLOADS
 
 
@@ -34,13 +30,23 @@ def workload_source(text: str) -> dict:
 
 def resolve_slo(config: RunConfig) -> RunConfig:
     """``config`` with both thresholds set (derived where missing)."""
-    slo = slo_for(config, perf_model_for(config), sessions_for(config))
+    slo = slo_for(config, perf_model_for(config))
     return override(config, slo={"ttft_s": slo.ttft_s, "itl_s": slo.itl_s})
 
 
+def resolve_measure(config: RunConfig) -> RunConfig:
+    """``config`` with its warm-up, window and drain set (derived where missing;
+    unchanged for a run of ``workload.num_sessions`` sessions)."""
+    plan = measure_for(config)
+    if plan is None:
+        return config
+    return override(config, measure={"warmup_s": plan.warmup_s, "window_s": plan.window_s, "drain_s": plan.drain_s})
+
+
 def resolve(config: RunConfig) -> RunConfig:
-    """``config`` ready to run and to save: thresholds and deployment explicit."""
-    return resolve_deployment(resolve_slo(config))
+    """``config`` ready to run and to save: thresholds, measurement and deployment
+    explicit."""
+    return resolve_deployment(resolve_measure(resolve_slo(config)))
 
 
 def _planned(config: RunConfig, rates_per_s: Sequence[float]) -> RunConfig:
@@ -76,64 +82,55 @@ def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
     return configs
 
 
-def _point(config: RunConfig) -> dict:
-    out = simulate(config)
-    return {"system": config.system, "workload": config.workload.label, "rate_per_s": config.workload.rate_per_s,
-            "model": config.cluster.model, "num_gpus": config.cluster.num_gpus,
-            "deployment": config.cluster.deployment, "ttft_slo_s": out.slo.ttft_s, "itl_slo_s": out.slo.itl_s,
-            "num_events": out.result.num_events, **out.summary.to_dict()}
+def search_capacities(bases: Sequence[RunConfig], seeds: Sequence[Sequence[dict]], run: PointRunner,
+                      starts_per_s: Sequence[float] | None = None,
+                      target: float = CAPACITY_ATTAINMENT) -> list[CapacitySearch]:
+    """The capacity search (``ampd.measure.capacity``) of each base configuration
+    (its rate is replaced), all stepping together through ``run``. Each search is
+    seeded with rows already run for that configuration (``rate_per_s``,
+    ``slo_attainment``, ``verdict``), so it starts from their bracket; one without
+    seeds starts at ``starts_per_s`` (default: the base's rate). ``target``: the
+    attainment a rate must keep (90 %, AMPD.md section 6, unless a sweep says). A base's
+    ``measure`` section must hold only what the user set (not ``resolve_measure``'s
+    output), so every rate gets its own window."""
+    searches = []
+    for i, (base, rows) in enumerate(zip(bases, seeds, strict=True)):
+        search = CapacitySearch(starts_per_s[i] if starts_per_s is not None else base.workload.rate_per_s, target)
+        for row in rows:
+            search.record(row["rate_per_s"], row)
+        searches.append(search)
+    find_capacities(searches, lambda batch: run([override(bases[i], workload={"rate_per_s": r}) for i, r in batch]))
+    return searches
 
 
-@functools.cache
-def _code_digest() -> str:
-    """A digest of the package's sources: a cached point is reused only by the code
-    that produced it."""
-    sha = hashlib.sha256()
-    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
-        sha.update(path.read_bytes())
-    return sha.hexdigest()
+def capacity_row(base: RunConfig, search: CapacitySearch) -> dict:
+    """A capacity as a row: what ran, the ``target`` attainment, ``capacity_per_s``,
+    ``capacity_per_gpu``, the bracket's upper end ``above_per_s`` (the lowest rate
+    measured not to meet the SLO; None when the search found none), ``bounded`` and
+    ``num_runs``."""
+    return {"workload": base.workload.label, "system": base.system, "deployment": base.cluster.deployment,
+            "target_attainment": search.target,
+            "num_gpus": base.cluster.num_gpus, "capacity_per_s": search.capacity_per_s,
+            "capacity_per_gpu": search.capacity_per_s / base.cluster.num_gpus, "above_per_s": search.high_per_s,
+            "bounded": search.bounded, "num_runs": len(search.rows)}
 
 
-def _cache_path(cache_dir: Path, config: RunConfig) -> Path:
-    digest = hashlib.sha256((_code_digest() + config.model_dump_json()).encode()).hexdigest()[:20]
-    return cache_dir / f"{digest}.json"
+def sweep_capacities(configs: Sequence[RunConfig], rows: Sequence[dict], run: PointRunner,
+                     target: float = CAPACITY_ATTAINMENT) -> list[dict]:
+    """The capacity of every (workload, system) of a swept ``configs``
+    (``capacity_row``), each search seeded with the sweep's points at that
+    workload and system.
 
-
-def _cached_point(config: RunConfig, cache_dir: Path | None) -> dict:
-    """``_point``, read from ``cache_dir`` when this exact configuration ran before;
-    written there (atomically) when it runs, so an interrupted sweep resumes."""
-    if cache_dir is None:
-        return _point(config)
-    path = _cache_path(cache_dir, config)
-    if path.exists():
-        return json.loads(path.read_text())["row"]
-    row = _point(config)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"config": config.model_dump(mode="json"), "row": row}))
-    tmp.replace(path)
-    return row
-
-
-def run_sweep(configs: Sequence[RunConfig], jobs: int | None = None, progress: bool = True,
-              cache_dir: Path | None = None) -> list[dict]:
-    """Simulate every configuration, ``jobs`` at a time (default: every core).
-    Rows come back in the order of ``configs``. With ``cache_dir``, points that
-    ran before, with the same configuration and the same code, are read back
-    instead of simulated again."""
-    jobs = jobs or os.cpu_count() or 1
-    if cache_dir is not None:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(configs), desc="simulating", unit="run", disable=not progress)
-    if jobs == 1:
-        rows = []
-        for c in configs:
-            rows.append(_cached_point(c, cache_dir))
-            bar.update()
-    else:
-        with ProcessPoolExecutor(jobs) as pool:
-            futures = [pool.submit(_cached_point, c, cache_dir) for c in configs]
-            for f in futures:
-                f.add_done_callback(lambda _: bar.update())
-            rows = [f.result() for f in futures]
-    bar.close()
-    return rows
+    Raises:
+        InputError: the sweep's runs are transients (``workload.num_sessions``):
+            a capacity is a steady-state figure.
+    """
+    if any(c.workload.num_sessions is not None for c in configs):
+        raise InputError("capacity needs steady-state runs: leave workload.num_sessions (--num-sessions) unset")
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, c in enumerate(configs):
+        groups.setdefault((c.workload.label, c.system), []).append(i)
+    bases = [configs[indices[0]] for indices in groups.values()]
+    searches = search_capacities(bases, [[rows[i] for i in indices] for indices in groups.values()], run,
+                                 target=target)
+    return [capacity_row(b, s) for b, s in zip(bases, searches)]

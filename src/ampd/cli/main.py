@@ -8,14 +8,16 @@ import sys
 
 from ampd.cli import plan, replay, reproduce, serve
 from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_int
-from ampd.cli.tables import print_table, summary_table
+from ampd.cli.tables import capacity_table, print_table, summary_table
 from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
 from ampd.core.errors import AmpdError, InputError
 from ampd.experiment import simulate
+from ampd.measure import STABLE, TRANSIENT
 from ampd.metrics.plot import plot_attainment
 from ampd.metrics.report import decision_rows, round_rows, write_csv, write_json, write_jsonl
 from ampd.policy.systems import SYSTEMS
-from ampd.sweep import plan_sweep, resolve, run_sweep, workload_source
+from ampd.runner import PointRunner
+from ampd.sweep import plan_sweep, resolve, resolve_measure, sweep_capacities, workload_source
 
 
 def _floats(text: str) -> list[float]:
@@ -44,14 +46,13 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         workload.update(workload_source(args.workload))
     config = resolve(override(config, **changes, workload=workload))
     out = simulate(config)
-    row = {"system": config.system, "workload": config.workload.label,
-           "rate_per_s": config.workload.rate_per_s, **out.summary.to_dict()}
+    row = out.row()
     print_table(summary_table(f"{config.cluster.model} on {config.cluster.num_gpus} x {config.cluster.gpu}, "
                               f"{config.cluster.deployment}; SLO TTFT {out.slo.ttft_s:.2f} s, "
                               f"ITL {1000 * out.slo.itl_s:.0f} ms ({config.slo.scope.value} scope)", [row]))
+    print(measurement_note(row))
     write_json(out_dir / "config.json", config.model_dump(mode="json"))
-    write_json(out_dir / "summary.json", {**row, "ttft_slo_s": out.slo.ttft_s, "itl_slo_s": out.slo.itl_s,
-                                          "num_events": out.result.num_events})
+    write_json(out_dir / "summary.json", row)
     write_csv(out_dir / "rounds.csv", round_rows(out.result.sessions))
     write_jsonl(out_dir / "decisions.jsonl", decision_rows(out.result.binds + out.result.routes))
     print(f"results in {out_dir}/ (summary.json, rounds.csv, decisions.jsonl, config.json)")
@@ -67,7 +68,21 @@ def _sweep_from_args(args: argparse.Namespace, base: RunConfig, sweep: SweepConf
         workloads = [SweepWorkload(workload=n, rates_per_s=args.rates) for n in names]
     else:
         workloads = sweep.workloads
-    return SweepConfig(systems=systems, workloads=workloads, deployments=sweep.deployments if sweep else {})
+    capacity = args.capacity if args.capacity is not None else bool(sweep and sweep.capacity)
+    return SweepConfig(systems=systems, workloads=workloads, deployments=sweep.deployments if sweep else {},
+                       capacity=capacity, capacity_attainment=sweep.capacity_attainment if sweep else 0.9)
+
+
+def measurement_note(row: dict) -> str:
+    """One line on how a run was measured and what its verdict means."""
+    if row["verdict"] == TRANSIENT:
+        return (f"transient: a fixed number of sessions ({row['num_sessions']}), not a steady state; its figures "
+                f"change with --num-sessions (drop it for a steady-state run)")
+    window = (f"steady-state run: {row['warmup_s']:.0f} s warm-up, {row['num_sessions']} sessions measured over a "
+              f"{row['window_s']:.0f} s window")
+    if row["verdict"] == STABLE:
+        return f"{window}; stable (its first half within 2 points)"
+    return f"{window}; unstable (overloaded): {row['reason']}"
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
@@ -75,15 +90,37 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     base, sweep = config_from_args(args)
     sweep = _sweep_from_args(args, base, sweep)
     configs = plan_sweep(base, sweep)
-    rows = run_sweep(configs, args.jobs, progress=not args.quiet)
+    run = PointRunner(args.jobs, not args.quiet, ray_address=args.ray)
+    rows = run(configs)
+    capacities = sweep_capacities(configs, rows, run, sweep.capacity_attainment) if sweep.capacity else []
     c = base.cluster
-    deployment = "deployments planned per system (sweep.csv)" if c.deployment == "auto" else c.deployment
-    title = f"{c.model} on {c.num_gpus} x {c.gpu}, {deployment}"
-    print_table(summary_table(title, rows))
-    write_json(out_dir / "sweep.json", {"rows": rows, "configs": [x.model_dump(mode="json") for x in configs]})
+    title = f"{c.model} on {c.num_gpus} x {c.gpu}; {_thresholds(rows)}"
+    print_table(summary_table(f"{title}; deployments: {_deployments(rows)}", rows))
+    transient = any(r["verdict"] == TRANSIENT for r in rows)
+    print("transient runs (fixed session counts): figures change with --num-sessions" if transient else
+          "steady-state runs; 'unstable' = overloaded (attainment still moving with the run's length)")
+    if capacities:
+        print_table(capacity_table(f"capacity: highest rate with >= {100 * sweep.capacity_attainment:g} % SLO "
+                                   f"attainment in steady state", capacities))
+    write_json(out_dir / "sweep.json", {"rows": rows, "capacities": capacities,
+                                        "configs": [resolve_measure(x).model_dump(mode="json") for x in configs]})
     write_csv(out_dir / "sweep.csv", rows)
-    plot_attainment(rows, out_dir / "sweep.png", title)
+    plot_attainment(rows, out_dir / "sweep.png", title,
+                    {(r["workload"], r["system"]): r["capacity_per_s"] for r in capacities})
     print(f"results in {out_dir}/ (sweep.json with every run's configuration, sweep.csv, sweep.png)")
+
+
+def _thresholds(rows: list[dict]) -> str:
+    by_workload = {r["workload"]: (r["ttft_slo_s"], r["itl_slo_s"], r["scope"]) for r in rows}
+    return "; ".join(f"{w}: SLO TTFT {t:.2f} s, ITL {1000 * i:.0f} ms ({scope})"
+                     for w, (t, i, scope) in by_workload.items())
+
+
+def _deployments(rows: list[dict]) -> str:
+    by_system = {(r["workload"], r["system"]): r["deployment"] for r in rows}
+    if len(set(by_system.values())) == 1:
+        return next(iter(by_system.values()))
+    return ", ".join(f"{s} ({w}) {d}" for (w, s), d in by_system.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--systems", type=_names, help=f"comma-separated, of {', '.join(SYSTEMS)} (default: ampd,pd-disagg)")
     sw.add_argument("--workloads", type=_names, help="comma-separated workloads (as in simulate --workload)")
     sw.add_argument("--rates", type=_floats, help="comma-separated rates (sessions/s), every workload")
+    sw.add_argument("--capacity", action="store_true", default=None,
+                    help="also find each system's capacity (highest rate with >= 90 %% attainment, steady state)")
     sw.add_argument("--jobs", type=positive_int, help="parallel runs (default: every core)")
+    sw.add_argument("--ray", metavar="ADDRESS", help="run the points on a Ray cluster (auto, ray://host:port, "
+                                                      "or local); needs pip install 'ampd[ray]'")
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
     plan.register(sub)

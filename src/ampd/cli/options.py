@@ -42,7 +42,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="GPU type, e.g. H20")
     p.add_argument("--gpus", type=int, help="GPUs in the cluster")
     p.add_argument("--deployment", help="e.g. 'P:<TP=2,DP=2> D:<TP=4,DP=1>', or auto (default: the planner's)")
-    p.add_argument("--num-sessions", type=int, help="sessions to run (simulate, replay)")
+    p.add_argument("--num-sessions", type=int, help="run exactly this many sessions: a transient, not a steady "
+                                                    "state (default: a steady-state run, see --window-s)")
+    p.add_argument("--warmup-s", type=float, help="steady-state run: seconds of arrivals before the measurement "
+                                                  "window (default: 2 unloaded session lifetimes)")
+    p.add_argument("--window-s", type=float, help="steady-state run: the measurement window, seconds (default: "
+                                                  "10 lifetimes, at least 2,000 sessions)")
+    p.add_argument("--drain-s", type=float, help="steady-state run: longest wait after the window for its "
+                                                 "sessions (default: 10 lifetimes or a quarter of the window)")
     p.add_argument("--arrivals", choices=["poisson", "recorded"], help="arrival process for traces")
     p.add_argument("--trace-format", help="format of a trace file (default: guessed): ampd, trtllm, mooncake, "
                                           "tracelab, session-delay")
@@ -91,6 +98,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[RunConfig, SweepConfig |
         "policy": _pick(alpha=args.alpha, beta=args.beta, reorder_window=args.reorder_window),
         "workload": _pick(num_sessions=args.num_sessions, arrivals=args.arrivals, seed=args.seed,
                           trace_format=args.trace_format),
+        "measure": _pick(warmup_s=args.warmup_s, window_s=args.window_s, drain_s=args.drain_s),
     }
     if args.seed is not None:
         changes["seed"] = args.seed

@@ -14,12 +14,14 @@ from rich.table import Table
 from scipy.stats import spearmanr
 
 from ampd.cli.options import add_run_options, config_from_args, output_dir
-from ampd.cli.tables import print_table
+from ampd.cli.tables import attainment_text, print_table
 from ampd.config import RunConfig, override
+from ampd.measure import UNSTABLE
 from ampd.metrics.report import write_json
 from ampd.planner import AMPD_LOCAL_SHARE, SOLVERS, Plan, enumerate_plans, estimate_tau
 from ampd.planning import default_local_share, plan_for, planner_inputs
-from ampd.sweep import resolve_slo, run_sweep, workload_source
+from ampd.runner import PointRunner
+from ampd.sweep import resolve_slo, workload_source
 
 
 def _count(minimum: int):
@@ -39,7 +41,9 @@ def simulation_pool(config: RunConfig, plans: Sequence[Plan], sample: int, local
     """``plans`` plus ``sample`` other feasible plans drawn with ``random.Random(config.seed)``,
     all in the planner's order (``Plan.order_key``)."""
     c = config.cluster
-    table = estimate_tau(*planner_inputs(config), c.num_gpus, c.gpus_per_server, local_share, config.slo.scope.value)
+    sessions, perf, slo, window_s = planner_inputs(config)
+    table = estimate_tau(sessions, perf, slo, c.num_gpus, c.gpus_per_server, local_share, config.slo.scope.value,
+                         window_s=window_s)
     chosen = {str(p.deployment) for p in plans}
     others = [p for p in enumerate_plans(table) if str(p.deployment) not in chosen]
     extra = random.Random(config.seed).sample(others, min(sample, len(others)))
@@ -47,32 +51,41 @@ def simulation_pool(config: RunConfig, plans: Sequence[Plan], sample: int, local
 
 
 def simulate_plans(config: RunConfig, pool: Sequence[Plan], jobs: int | None = None) -> list[dict]:
-    """Simulate every plan of ``pool`` (same sessions, system and thresholds as ``config``)
-    and rank them: by SLO attainment, ties by mean TTFT. One row per plan, in pool order,
-    with ``planned_rank`` (position in ``pool``) and ``simulated_rank`` (both from 1)."""
+    """Simulate every plan of ``pool`` (same sessions, system, thresholds and
+    measurement as ``config``) and rank them: stable runs first (an unstable one
+    does not carry the rate), then by SLO attainment, ties by mean TTFT. One row per
+    plan, in pool order, with ``planned_rank`` (position in ``pool``),
+    ``simulated_rank`` (both from 1) and the run's ``verdict``."""
     configs = [override(config, cluster={"deployment": str(p.deployment)}) for p in pool]
-    runs = run_sweep(configs, jobs, progress=False)
-    order = sorted(range(len(pool)), key=lambda i: (-runs[i]["slo_attainment"], runs[i]["ttft_mean_s"], i))
+    runs = PointRunner(jobs, progress=False)(configs)
+    order = sorted(range(len(pool)), key=lambda i: (runs[i]["verdict"] == UNSTABLE, -runs[i]["slo_attainment"],
+                                                    runs[i]["ttft_mean_s"], i))
     simulated_rank = {i: r + 1 for r, i in enumerate(order)}
     return [{"deployment": str(p.deployment), "objective": p.objective, "planned_rank": i + 1,
              "simulated_rank": simulated_rank[i], "slo_attainment": run["slo_attainment"],
-             "ttft_mean_s": run["ttft_mean_s"], "ttft_p95_s": run["ttft_p95_s"], "itl_p95_s": run["itl_p95_s"],
-             "local_prefill_share": run["local_prefill_share"]}
+             "verdict": run["verdict"], "ttft_mean_s": run["ttft_mean_s"], "ttft_p95_s": run["ttft_p95_s"],
+             "itl_p95_s": run["itl_p95_s"], "local_prefill_share": run["local_prefill_share"]}
             for i, (p, run) in enumerate(zip(pool, runs))]
+
+
+def _carried(row: dict) -> float:
+    """A plan's attainment at the rate, 0 when its run was unstable (it does not carry the rate)."""
+    return 0.0 if row["verdict"] == UNSTABLE else row["slo_attainment"]
 
 
 def agreement(rows: Sequence[dict], top: int = 3) -> dict:
     """How the planned ranking of simulated ``rows`` agrees with the simulated one: the
     same best plan, the same top-``top`` set, the same top-``top`` order, Spearman's rho
-    over all rows, and the attainment the planner's best gives up against the best."""
+    over all rows, and the attainment the planner's best gives up against the best
+    (an unstable run's counted as 0: ``_carried``)."""
     planned = [r["deployment"] for r in sorted(rows, key=lambda r: r["planned_rank"])]
     simulated = [r["deployment"] for r in sorted(rows, key=lambda r: r["simulated_rank"])]
-    best = max(r["slo_attainment"] for r in rows)
+    best = max(_carried(r) for r in rows)
     first = next(r for r in rows if r["planned_rank"] == 1)
     rho = spearmanr([r["planned_rank"] for r in rows], [r["simulated_rank"] for r in rows]).statistic
     return {"same_best": planned[0] == simulated[0], "same_top_set": set(planned[:top]) == set(simulated[:top]),
             "same_top_order": planned[:top] == simulated[:top], "spearman": float(rho) if len(rows) > 2 else None,
-            "attainment_regret": best - first["slo_attainment"], "planned_top": planned[:top],
+            "attainment_regret": best - _carried(first), "planned_top": planned[:top],
             "simulated_top": simulated[:top]}
 
 
@@ -103,7 +116,7 @@ def _ranks_table(title: str, rows: Sequence[dict]) -> Table:
         table.add_column(name, justify="left" if name == "plan" else "right")
     for r in rows:
         table.add_row(r["deployment"], f"{r['objective']:.3f}", str(r["planned_rank"]), str(r["simulated_rank"]),
-                      f"{100 * r['slo_attainment']:.1f}%", f"{r['ttft_mean_s']:.3f}",
+                      attainment_text(r), f"{r['ttft_mean_s']:.3f}",
                       f"{100 * r['local_prefill_share']:.1f}%")
     return table
 

@@ -14,11 +14,11 @@ from ampd.cli.options import add_run_options, config_from_args, output_dir, posi
 from ampd.cli.tables import print_table, summary_table
 from ampd.config import override
 from ampd.core.errors import InputError
-from ampd.experiment import perf_model_for, sessions_for, slo_for
+from ampd.experiment import measure_for, perf_model_for, sessions_for, slo_for
 from ampd.metrics.report import round_rows, write_csv, write_json
 from ampd.serve.clock import ScaledClock
 from ampd.serve.replay import DEFAULT_TIMEOUT_S, DEFAULT_VOCAB_SIZE, ReplayResult, replay_sync
-from ampd.sweep import workload_source
+from ampd.sweep import resolve_measure, workload_source
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,9 +79,10 @@ def run_from_args(args: argparse.Namespace) -> ReplayResult:
         workload.update({"name": None, "trace": args.trace})
     elif args.workload is not None:
         workload.update(workload_source(args.workload))
-    config = override(config, workload=workload)
-    sessions = sessions_for(config)
-    slo = slo_for(config, perf_model_for(config), sessions)
+    config = resolve_measure(override(config, workload=workload))
+    plan = measure_for(config)
+    sessions = sessions_for(config, plan)
+    slo = slo_for(config, perf_model_for(config))
     config = override(config, slo={"ttft_s": slo.ttft_s, "itl_s": slo.itl_s})
     model = args.served_model or config.serve.served_model or config.cluster.model
     args.url = args.url or f"http://{config.serve.host}:{config.serve.port}"
@@ -89,12 +90,14 @@ def run_from_args(args: argparse.Namespace) -> ReplayResult:
     wait_until_ready(args.url, args.wait_s)
     result = replay_sync(args.url, sessions, model=model, clock=ScaledClock(args.time_scale), ttft_slo_s=slo.ttft_s,
                          itl_slo_s=slo.itl_s, scope=config.slo.scope, vocab_size=args.vocab_size, seed=config.seed,
-                         timeout_s=args.timeout_s, progress=not args.quiet)
+                         timeout_s=args.timeout_s, progress=not args.quiet, plan=plan)
     row = {"system": config.system, "workload": config.workload.label, "rate_per_s": config.workload.rate_per_s,
-           **result.summary.to_dict()}
+           **result.summary.to_dict(), **result.stability.to_dict()}
     print_table(summary_table(f"replay against {args.url} ({model}, time scale {args.time_scale:g}); "
                               f"SLO TTFT {slo.ttft_s:.2f} s, ITL {1000 * slo.itl_s:.0f} ms "
                               f"({config.slo.scope.value} scope)", [row]))
+    print(f"{result.stability.verdict}: {result.stability.reason}" if result.stability.reason else
+          result.stability.verdict)
     write_json(out_dir / "config.json", config.model_dump(mode="json"))
     write_json(out_dir / "summary.json", {
         **row, "ttft_slo_s": slo.ttft_s, "itl_slo_s": slo.itl_s, "url": args.url, "served_model": model,

@@ -4,41 +4,53 @@ from __future__ import annotations
 
 import argparse
 
-from ampd.cli.options import output_dir
+from ampd.cli.options import output_dir, positive_int
 from ampd.reproduce import grid
 from ampd.reproduce.report import write
-from ampd.reproduce.run import Runner, prepare, run_ablation, run_grid, run_sensitivity, search_best
+from ampd.reproduce.run import (
+    ablation_entries, grid_entries, prepare, run_capacities, run_points, run_sensitivity, search_best)
+from ampd.runner import PointRunner
 
 
 def cmd_reproduce(args: argparse.Namespace) -> None:
     out_dir = output_dir(args, "out/reproduce")
-    run = Runner(out_dir, args.jobs, not args.quiet)
-    print("finding each cell's knee")
+    run = PointRunner(args.jobs, not args.quiet, out_dir / "points", args.ray)
+    print("finding each cell's reference capacity (plain PD disaggregation, even split)")
     cells = prepare(grid.cells(args.quick), run)
     fractions = grid.QUICK_RATE_FRACTIONS if args.quick else grid.RATE_FRACTIONS
     print(f"{len(cells)} cells; searching each system's best deployment")
-    best = search_best(cells, run)
-    print("grid")
-    grid_rows = run_grid(cells, best, fractions, run)
+    best = search_best(cells, run, args.quick)
+    print("grid of rates, then each system's capacity")
+    entries = grid_entries(cells, best)
+    grid_rows = run_points(entries, fractions, run)
+    capacities = run_capacities(entries, grid_rows, run)
     print("ablation and sensitivity")
-    ablation_rows = run_ablation(cells, best, fractions, run)
-    sensitivity_rows = run_sensitivity(cells, best, run)
-    tables = write(out_dir, args.quick, grid_rows, ablation_rows, sensitivity_rows, best)
-    for g in tables["gains"]:
-        if g["system"] in ("ampd", "ampd [planner]"):
-            print(f"{g['system']} over {g['baseline']}: mean {g['mean_gain_pct']:+.1f} %, max {g['max_gain_pct']:+.1f} % "
-                  f"({g['mean_gain_points']:+.1f} points on average)")
-    print(f"results in {out_dir}/ (results.json, tables.md, attainment_grid.png, latency_breakdown.png, "
-          f"ablation.png, sensitivity.png; points/ caches every simulation)")
+    ablation = ablation_entries(cells, best)
+    ablation_rows = run_points(ablation, fractions, run)
+    results = {"references": [{"cell": p.cell.label, "reference_per_s": p.reference_per_s,
+                               "met_slo": p.reference_met_slo} for p in cells],
+               "grid": grid_rows, "capacities": capacities, "ablation": ablation_rows,
+               "ablation_capacities": run_capacities(ablation, ablation_rows, run),
+               "sensitivity": run_sensitivity(cells, best, run, args.quick), "best": best}
+    tables = write(out_dir, args.quick, results)
+    for g in tables["capacity_gains"]:
+        if g["system"].removesuffix(grid.PLANNED) in ("ampd", "ampd-predictive"):
+            print(f"{g['system']} over {g['baseline']}: capacity {g['mean_capacity_gain_pct']:+.1f} % on average "
+                  f"({g['min_capacity_gain_pct']:+.1f} to {g['max_capacity_gain_pct']:+.1f} % over "
+                  f"{g['num_cells']} cells)")
+    print(f"results in {out_dir}/ (results.json, tables.md, attainment_grid.png, capacity.png, "
+          f"latency_breakdown.png, ablation.png, sensitivity.png; points/ caches every simulation)")
 
 
 def register(sub) -> None:
     """Add the ``reproduce`` subcommand."""
     p = sub.add_parser("reproduce", help="the paper's evaluation grid in the simulator")
     p.add_argument("--quick", action="store_true",
-                   help="a smoke-sized grid: one model, 100-120 sessions, 3 rates (minutes); its figures are "
-                        "noisier than the full grid's and not comparable with docs/RESULTS.md")
-    p.add_argument("--jobs", type=int, help="parallel simulations (default: every core)")
+                   help="a smoke-sized grid: one model, five systems, 3 rates, the coarse deployment search; "
+                        "same steady-state runs, fewer of them (not comparable with docs/RESULTS.md)")
+    p.add_argument("--jobs", type=positive_int, help="parallel simulations (default: every core)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the simulations on a Ray cluster (auto, "
+                                                     "ray://host:port, or local); pip install 'ampd[ray]'")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--out", help="results folder (default: out/reproduce/)")
     p.set_defaults(func=cmd_reproduce)

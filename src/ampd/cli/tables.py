@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from ampd.measure import STABLE, TRANSIENT
+
 
 def _pct(x) -> str:
     return "-" if x is None or x != x else f"{100 * x:.1f}%"
@@ -16,18 +18,46 @@ def _ms(x) -> str:
     return "-" if x is None or x != x else f"{1000 * x:.0f}"
 
 
+def attainment_text(row: dict) -> str:
+    """A row's SLO attainment as a table shows it: a number only for a steady
+    state; ``unstable`` for an overloaded point (its number measures the run's
+    length, not the rate); a transient's number marked as such."""
+    verdict = row.get("verdict", STABLE)
+    if verdict == STABLE:
+        return _pct(row["slo_attainment"])
+    if verdict == TRANSIENT:
+        return f"{_pct(row['slo_attainment'])} (transient)"
+    return "unstable"
+
+
 def summary_table(title: str, rows: Sequence[dict]) -> Table:
-    """One row per run: attainment, TTFT and ITL percentiles (ms), local share."""
+    """One row per run: attainment, TTFT and ITL percentiles, local share; the
+    latencies of an unstable point are left out with its attainment."""
     table = Table(title=title)
-    for name in ("workload", "rate/s", "system", "SLO attain.", "TTFT p50", "TTFT p95", "ITL p50", "ITL p95",
-                 "local prefill"):
+    for name in ("workload", "rate (sessions/s)", "system", "SLO attain.", "TTFT p50 (ms)", "TTFT p95 (ms)",
+                 "ITL p50 (ms)", "ITL p95 (ms)", "local prefill"):
         table.add_column(name, justify="left" if name in ("workload", "system") else "right")
     for r in rows:
-        table.add_row(str(r["workload"]), f"{r['rate_per_s']:g}", r["system"], _pct(r["slo_attainment"]),
-                      _ms(r["ttft_p50_s"]), _ms(r["ttft_p95_s"]), _ms(r["itl_p50_s"]), _ms(r["itl_p95_s"]),
-                      _pct(r["local_prefill_share"]))
+        shown = r.get("verdict", STABLE) != "unstable"
+        latencies = [_ms(r[k]) if shown else "-" for k in ("ttft_p50_s", "ttft_p95_s", "itl_p50_s", "itl_p95_s")]
+        table.add_row(str(r["workload"]), f"{r['rate_per_s']:.4g}", r["system"], attainment_text(r), *latencies,
+                      _pct(r["local_prefill_share"]) if shown else "-")
+    return table
+
+
+def capacity_table(title: str, rows: Sequence[dict]) -> Table:
+    """One row per (workload, system): its capacity (sessions/s and per GPU) and
+    the lowest rate measured not to meet the SLO."""
+    table = Table(title=title)
+    for name in ("workload", "system", "deployment", "capacity (sessions/s)", "per GPU", "misses SLO at"):
+        table.add_column(name, justify="left" if name in ("workload", "system", "deployment") else "right")
+    for r in rows:
+        above = "-" if r["above_per_s"] is None else f"{r['above_per_s']:.4g}"
+        capacity = f"{r['capacity_per_s']:.4g}" if r["capacity_per_s"] else "none found"
+        table.add_row(str(r["workload"]), r["system"], r["deployment"], capacity, f"{r['capacity_per_gpu']:.3g}",
+                      above)
     return table
 
 
 def print_table(table: Table) -> None:
-    Console(width=140).print(table)
+    Console(width=160).print(table)

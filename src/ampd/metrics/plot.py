@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -11,26 +11,56 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
 
-def plot_attainment(rows: Sequence[dict], path: Path, title: str = "") -> None:
+def steady_segments(points: Sequence[tuple[float, float, str]]) -> list[list[tuple[float, float]]]:
+    """Runs of consecutive (rate, attainment, verdict) points that are not unstable,
+    in rate order: a curve is drawn through each run, never across an unstable
+    point (nothing is known of the attainment there)."""
+    segments: list[list[tuple[float, float]]] = [[]]
+    for x, y, verdict in sorted(points):
+        if verdict == "unstable":
+            segments.append([])
+        else:
+            segments[-1].append((x, y))
+    return [s for s in segments if s]
+
+
+def plot_attainment(rows: Sequence[dict], path: Path, title: str = "",
+                    capacities: Mapping[tuple[str, str], float] | None = None) -> None:
     """SLO attainment (%) against arrival rate, one panel per workload and one
-    line per system; written as PNG to ``path``."""
+    colour per system, written as PNG to ``path``. Steady-state points are filled
+    and joined; unstable (overloaded) ones are hollow crosses at the value their
+    run ended with, never joined to the curve; a transient run's points are
+    joined by a dashed line. ``capacities`` ((workload, system) -> sessions/s)
+    adds a dotted vertical line at each system's capacity."""
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     systems = list(dict.fromkeys(r["system"] for r in rows))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.8), squeeze=False)
+    colours = {s: f"C{i % 10}" for i, s in enumerate(systems)}
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4.4), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
         for system in systems:
-            pts = sorted((r["rate_per_s"], 100 * r["slo_attainment"]) for r in rows
+            pts = sorted((r["rate_per_s"], 100 * r["slo_attainment"], r.get("verdict", "stable")) for r in rows
                          if r["workload"] == workload and r["system"] == system)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=system)
+            style = "--" if any(v == "transient" for _, _, v in pts) else "-"
+            for i, segment in enumerate(steady_segments(pts)):
+                ax.plot([p[0] for p in segment], [p[1] for p in segment], style, marker="o", color=colours[system],
+                        label=system if i == 0 else None)
+            unstable = [(x, y) for x, y, v in pts if v == "unstable"]
+            ax.plot([p[0] for p in unstable], [p[1] for p in unstable], "x", color=colours[system], alpha=0.6)
+            capacity = (capacities or {}).get((workload, system))
+            if capacity:
+                ax.axvline(capacity, color=colours[system], linestyle=":", linewidth=1.2)
         scope = next(r["scope"] for r in rows if r["workload"] == workload)
-        ax.set_title(f"{workload}")
+        ax.set_title(workload, fontsize=10)
         ax.set_xlabel("session arrival rate (sessions/s)")
         ax.set_ylabel(f"SLO attainment (%, {scope} scope)")
         ax.set_ylim(-3, 103)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.plot([], [], "x", color="grey", label="unstable (overloaded)")
+        if capacities:
+            ax.plot([], [], ":", color="grey", label="capacity")
+        ax.legend(loc="lower left", fontsize=8)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=10, wrap=True)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -30,12 +30,13 @@ def write_json(path: Path, data) -> None:
 
 
 def write_csv(path: Path, rows: Sequence[dict]) -> None:
-    """Write dict rows as CSV with the first row's keys as header."""
+    """Write dict rows as CSV; the header is every key of every row, in the order
+    first seen (a cell a row lacks is empty)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         if not rows:
             return
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
         writer.writeheader()
         writer.writerows(rows)
 
@@ -46,12 +47,14 @@ def round_rows(sessions: Sequence[SessionRecord]) -> list[dict]:
     for s in sessions:
         for r in s.rounds:
             itls = r.itls_s
+            num_itls = len(itls)
             rows.append({
                 "session_id": r.session_id, "round_index": r.round_index, "ready_s": r.ready_s,
                 "hist_tokens": r.hist_tokens, "new_tokens": r.new_tokens, "output_tokens": r.output_tokens,
                 "local": r.local, "prefill_worker": r.prefill_worker, "decode_worker": r.decode_worker,
                 "ttft_s": r.ttft_s if r.first_token_s is not None else None, "done_s": r.done_s,
-                "itl_mean_s": sum(itls) / len(itls) if itls else None, "itl_max_s": max(itls) if itls else None,
+                "itl_mean_s": itls.sum_s / num_itls if num_itls else None,
+                "itl_max_s": float(itls.values().max()) if num_itls else None,
             })
     return rows
 

@@ -39,10 +39,10 @@ def session_latencies(record: SessionRecord, scope: SloScope) -> tuple[float, fl
     if not record.complete:
         raise ValueError(f"session {record.session_id} is not complete")
     ttfts = [r.ttft_s for r in record.rounds]
-    itls = [x for r in record.rounds for x in r.itls_s]
+    num_itls = record.itl_count
     if scope is SloScope.STRICT:
-        return max(ttfts), (percentile(itls, 99) if itls else 0.0)
-    return sum(ttfts) / len(ttfts), (sum(itls) / len(itls) if itls else 0.0)
+        return max(ttfts), (percentile(record.itl_values(), 99) if num_itls else 0.0)
+    return sum(ttfts) / len(ttfts), (sum(r.itls_s.sum_s for r in record.rounds) / num_itls if num_itls else 0.0)
 
 
 def attains(record: SessionRecord, ttft_slo_s: float, itl_slo_s: float, scope: SloScope) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from ampd.metrics.records import SessionRecord
 from ampd.metrics.slo import SloScope, attains, percentile
 
@@ -20,8 +22,9 @@ class RunSummary:
         itl_p50_s, itl_p95_s, itl_p99_s: per-token ITL percentiles.
         ttft_mean_s, itl_mean_s: means over rounds and over tokens.
         local_prefill_share: fraction of prefills run on the bound decode worker.
-        goodput_sessions_per_s: sessions that attained their SLO per second of the
-            run (first arrival to last completion).
+        goodput_sessions_per_s: sessions that attained their SLO per second: of
+            the measurement window when given, else of the run (first arrival to
+            last completion).
     """
 
     slo_attainment: float
@@ -49,14 +52,19 @@ def _mean(values: list[float]) -> float:
 
 
 def summarize(records: list[SessionRecord], ttft_slo_s: float, itl_slo_s: float,
-              scope: SloScope = SloScope.MEAN) -> RunSummary:
-    """Summarise the sessions of one run under the given thresholds and scope."""
+              scope: SloScope = SloScope.MEAN, duration_s: float | None = None) -> RunSummary:
+    """Summarise ``records`` under the given thresholds and scope; ``duration_s``
+    is the window they arrived in (for the goodput)."""
     rounds = [r for s in records for r in s.rounds if r.first_token_s is not None]
     ttfts = [r.ttft_s for r in rounds]
-    itls = [x for r in rounds for x in r.itls_s]
+    parts = [r.itls_s.values() for r in rounds if len(r.itls_s)]
+    itls = np.concatenate(parts) if parts else np.empty(0)
     good = sum(attains(s, ttft_slo_s, itl_slo_s, scope) for s in records)
     complete = [s for s in records if s.complete]
-    span_s = (max(s.done_s for s in complete) - min(s.arrival_s for s in records)) if complete else 0.0
+    if duration_s is not None:
+        span_s = duration_s
+    else:
+        span_s = (max(s.done_s for s in complete) - min(s.arrival_s for s in records)) if complete else 0.0
     return RunSummary(
         slo_attainment=good / len(records) if records else float("nan"),
         scope=scope.value,
@@ -65,7 +73,7 @@ def summarize(records: list[SessionRecord], ttft_slo_s: float, itl_slo_s: float,
         num_rounds=len(rounds),
         ttft_mean_s=_mean(ttfts),
         ttft_p50_s=percentile(ttfts, 50), ttft_p95_s=percentile(ttfts, 95), ttft_p99_s=percentile(ttfts, 99),
-        itl_mean_s=_mean(itls),
+        itl_mean_s=sum(r.itls_s.sum_s for r in rounds) / len(itls) if len(itls) else float("nan"),
         itl_p50_s=percentile(itls, 50), itl_p95_s=percentile(itls, 95), itl_p99_s=percentile(itls, 99),
         local_prefill_share=_mean([1.0 if r.local else 0.0 for r in rounds]),
         goodput_sessions_per_s=good / span_s if span_s > 0 else float("nan"),

@@ -71,10 +71,13 @@ class DecodeLoad:
         return float(np.interp(pace_s, self.pace_s, self.kv_p95_tokens))
 
 
-def build_decode_load(sessions: Sequence[Session], itl_slo_s: float) -> DecodeLoad:
+def build_decode_load(sessions: Sequence[Session], itl_slo_s: float,
+                      window_s: tuple[float, float] | None = None) -> DecodeLoad:
     """Tabulate the decode load of ``sessions`` (module docstring) up to
-    ``_GRID_TOP_THRESHOLDS`` x ``itl_slo_s`` per token."""
-    rounds = _Rounds.of(sessions)
+    ``_GRID_TOP_THRESHOLDS`` x ``itl_slo_s`` per token. With ``window_s`` =
+    (from, to), a steady-state stream's measurement window: the load over time
+    is read inside it only, and the per-session P95 over the sessions arriving in it."""
+    rounds = _Rounds.of(sessions, window_s)
     grid = np.geomspace(1e-3, max(_GRID_TOP_THRESHOLDS * itl_slo_s, 2e-3), _GRID_POINTS)
     columns = [np.array(c) for c in zip(*(rounds.load_at(p) for p in grid))]
     steps = rounds.output_tokens - 1
@@ -87,8 +90,11 @@ class _Rounds:
     """Every round of every session, shape (m,) each: the session's index, ready time at
     pace 0, output tokens of the session's earlier rounds, output tokens, KV the round
     reserves, KV released at its end (the session's total after its last round, else
-    0), and the KV context once its input is prefilled."""
+    0), and the KV context once its input is prefilled; the window the load is read
+    in (None: all of it) and, shape (sessions,), whether each session is measured."""
 
+    window_s: tuple[float, float] | None
+    measured: np.ndarray
     session: np.ndarray
     base_s: np.ndarray
     earlier_output_tokens: np.ndarray
@@ -98,7 +104,8 @@ class _Rounds:
     prefilled_tokens: np.ndarray
 
     @classmethod
-    def of(cls, sessions: Sequence[Session]) -> "_Rounds":
+    def of(cls, sessions: Sequence[Session], window_s: tuple[float, float] | None) -> "_Rounds":
+        measured = np.array([window_s is None or window_s[0] <= s.arrival_s < window_s[1] for s in sessions])
         rows = []
         for index, s in enumerate(sessions):
             base_s, earlier, last = s.arrival_s, 0, len(s.rounds) - 1
@@ -107,7 +114,7 @@ class _Rounds:
                              s.total_tokens if i == last else 0, s.history_tokens(i) + r.input_tokens))
                 base_s, earlier = base_s + r.tool_s, earlier + r.output_tokens
         columns = [np.array(col, dtype=float) for col in zip(*rows)]
-        return cls(columns[0].astype(int), *columns[1:])
+        return cls(window_s, measured, columns[0].astype(int), *columns[1:])
 
     def load_at(self, pace_s: float) -> tuple[float, np.ndarray, float, float]:
         """The ``DecodeLoad`` columns at ``pace_s`` per token: mean others, others at
@@ -117,9 +124,10 @@ class _Rounds:
         end_s = ready_s + self.output_tokens * pace_s
         ends = self.released_tokens > 0
         level, width_s = level_profile(np.concatenate([ready_s, end_s[ends]]),
-                                       np.concatenate([self.reserved_tokens, -self.released_tokens[ends]]))
+                                       np.concatenate([self.reserved_tokens, -self.released_tokens[ends]]),
+                                       self.window_s)
         kv_tokens = math.ceil(weighted_quantile(level, width_s, 0.95))
-        others, weights = others_seen(ready_s + pace_s, end_s)
+        others, weights = others_seen(ready_s + pace_s, end_s, self.window_s)
         if others.size == 0:
             return 0.0, np.zeros(OTHERS_LEVELS.size), 0.0, kv_tokens
         mean = float(np.sum(others * weights) / np.sum(weights))
@@ -131,6 +139,7 @@ class _Rounds:
         tokens share a step with (a session's tokens are evenly spaced in its rounds)."""
         times_s, integral = level_integral(*interval_events(starts_s, ends_s))
         covered = np.interp(ends_s, times_s, integral) - np.interp(starts_s, times_s, integral)
-        decoding_s = np.bincount(self.session, ends_s - starts_s)
-        mean_level = np.bincount(self.session, covered)[decoding_s > 0] / decoding_s[decoding_s > 0]
+        decoding_s = np.bincount(self.session, ends_s - starts_s, minlength=self.measured.size)
+        counted = (decoding_s > 0) & self.measured
+        mean_level = np.bincount(self.session, covered, minlength=self.measured.size)[counted] / decoding_s[counted]
         return weighted_quantile(mean_level - 1.0, np.ones(mean_level.size), 0.95)

@@ -18,7 +18,8 @@ from ampd.policy.routing import SloThresholds
 
 def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, num_gpus: int,
                      gpus_per_server: int = 8, top_k: int = 3, local_share: float = AMPD_LOCAL_SHARE,
-                     solver: str = "scip", scope: str = "mean") -> list[Plan]:
+                     solver: str = "scip", scope: str = "mean",
+                     window_s: tuple[float, float] | None = None) -> list[Plan]:
     """The ``top_k`` best deployments of ``num_gpus`` GPUs for ``sessions``, best first.
 
     Each plan runs k prefill replicas of one degree and k' decode replicas of one
@@ -39,6 +40,8 @@ def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThres
         solver: ``"scip"`` (default) or ``"milp"`` (scipy, the cross-check).
         scope: what the P95s are over (``tau.SCOPES``): ``mean`` (default, sessions' mean
             TTFT and ITL) or ``strict`` (rounds' TTFT and tokens' ITL, the paper's).
+        window_s: the measurement window of a steady-state stream of sessions (the load
+            is read in it, the P95s are over its sessions); None: the whole stream.
 
     Raises:
         InputError: ``top_k`` < 1, an unknown solver or scope; the model fits at no degree; too
@@ -50,7 +53,7 @@ def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThres
         raise InputError(f"top_k must be >= 1, got {top_k}")
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; known: {', '.join(SOLVERS)}")
-    table = estimate_tau(sessions, perf, slo, num_gpus, gpus_per_server, local_share, scope)
+    table = estimate_tau(sessions, perf, slo, num_gpus, gpus_per_server, local_share, scope, window_s=window_s)
     plans = top_plans(table, top_k, solver)
     if not plans:
         raise InputError(why_infeasible(table))

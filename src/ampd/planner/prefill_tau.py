@@ -25,8 +25,9 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
     is over the remote tasks (``scope="strict"``, the paper's P95 latency), or over
     sessions of the mean TTFT of their remote rounds (``scope="mean"``, what mean-scope
     attainment judges). A cell whose prefill work reaches k x the nominal stream's span
-    (utilisation >= 1) is overloaded: a finite stream would give it a finite but
-    meaningless P95. Once no task waits at some k, more replicas change nothing, so
+    (utilisation >= 1, work and span read in the stream's window) is overloaded: a
+    finite stream would give it a finite but meaningless P95. The P95s are over the
+    tasks of the sessions the window measures. Once no task waits at some k, more replicas change nothing, so
     larger k copy that cell.
 
     Args:
@@ -34,8 +35,9 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
             placement is not known yet, so we take the slower link), else over NVLink.
     """
     chains = _chains(stream, perf, tp, cross_server)
-    work_s = sum(c for c, remote in zip(chains.compute_s, chains.remote) if remote)
-    session = stream.session[stream.remote]
+    work_s = sum(c for c, counted in zip(chains.compute_s, stream.remote & stream.in_window) if counted)
+    counted = stream.remote & stream.measured
+    session = stream.session[counted]
     base = TauCell(Role.PREFILL, tp, 0, None, ttft_slo_s, 0, perf.kv_capacity_tokens(tp))
     cells, saturated = [], None
     for dp in range(1, max_dp + 1):
@@ -48,7 +50,7 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
             cells.append(dataclasses.replace(base, dp=dp, reason=reason))
             continue
         ttft_s, waited = fcfs_ttft_s(chains, dp)
-        p95_s = _p95_s(np.array(ttft_s)[stream.remote], session, scope)
+        p95_s = _p95_s(np.array(ttft_s)[counted], session, scope)
         cells.append(dataclasses.replace(base, dp=dp, p95_s=p95_s))
         saturated = None if waited else cells[-1]
     return cells

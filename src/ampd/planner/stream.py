@@ -14,7 +14,11 @@ Built once per workload, independent of any deployment:
 - **chains**: each task knows its session's next round and the time from its first
   token to that round being ready (the rest of its decode at this pace, then the tool),
   so the prefill queue can delay later rounds as the simulator does (``queueing``);
-- **decode load**: ``decode_load.DecodeLoad``, tabulated over paces.
+- **decode load**: ``decode_load.DecodeLoad``, tabulated over paces;
+- **window** (steady-state streams, AMPD.md section 6): the load (rates,
+  utilisation, concurrency, KV) is read inside the measurement window and the
+  P95s are over the sessions arriving in it, while the warm-up and drain around
+  it still queue ahead of and behind them; without a window, the whole stream.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ class NominalStream:
             ``(output_tokens - 1) x pace + tool_s``.
         local_share: the share of local tasks asked for.
         decode: the decode load over paces.
+        window_s: (from, to), seconds: where the load is read.
+        measured: shape (m,) bool; the tasks whose session arrived in the window
+            (the P95s are over them).
     """
 
     ready_s: np.ndarray
@@ -54,24 +61,35 @@ class NominalStream:
     after_s: np.ndarray
     local_share: float
     decode: DecodeLoad
+    window_s: tuple[float, float]
+    measured: np.ndarray
 
     @property
     def span_s(self) -> float:
-        """Seconds from the first to the last ready time."""
-        return float(self.ready_s[-1] - self.ready_s[0])
+        """Seconds the load is read over (the window)."""
+        return self.window_s[1] - self.window_s[0]
+
+    @property
+    def in_window(self) -> np.ndarray:
+        """Shape (m,) bool: the tasks ready inside the window, ends included (at the
+        nominal pace; without a window given, every task)."""
+        return (self.ready_s >= self.window_s[0]) & (self.ready_s <= self.window_s[1])
 
     @property
     def prefills_per_s(self) -> float:
-        """Prefill tasks per second over the span."""
-        return self.ready_s.size / self.span_s
+        """Prefill tasks per second in the window."""
+        return int(self.in_window.sum()) / self.span_s
 
 
-def build_stream(sessions: Sequence[Session], itl_s: float, local_share: float) -> NominalStream:
-    """The nominal stream of ``sessions`` (module docstring) at ``itl_s`` per token.
+def build_stream(sessions: Sequence[Session], itl_s: float, local_share: float,
+                 window_s: tuple[float, float] | None = None) -> NominalStream:
+    """The nominal stream of ``sessions`` (module docstring) at ``itl_s`` per token,
+    read inside ``window_s`` (default: from the first to the last ready time).
 
     Raises:
         InputError: ``local_share`` outside [0, 1) or leaving no remote prefill; fewer
-            than 2 sessions or all arriving at once (no rate to plan for).
+            than 2 sessions or all arriving at once (no rate to plan for); a window
+            no session arrives in.
     """
     if not 0.0 <= local_share < 1.0:
         raise InputError(f"local_share must be in [0, 1), got {local_share}")
@@ -85,8 +103,17 @@ def build_stream(sessions: Sequence[Session], itl_s: float, local_share: float) 
     remote = np.floor((index + 1) * (1.0 - local_share)) > np.floor(index * (1.0 - local_share))
     if not remote.any():
         raise InputError(f"local_share {local_share} leaves none of the {ready_s.size} prefills to prefill replicas")
+    arrivals_s = np.array([s.arrival_s for s in sessions])
+    if window_s is None:
+        measured = np.ones(ready_s.size, dtype=bool)
+        read_s = (float(ready_s[0]), float(ready_s[-1]))
+    else:
+        measured = (arrivals_s[session] >= window_s[0]) & (arrivals_s[session] < window_s[1])
+        if not measured.any():
+            raise InputError(f"no session arrives in the planner's window {window_s[0]:.0f}-{window_s[1]:.0f} s")
+        read_s = window_s
     return NominalStream(ready_s, hist, new, session, remote, next_task, after_s, local_share,
-                         build_decode_load(sessions, itl_s))
+                         build_decode_load(sessions, itl_s, window_s), read_s, measured)
 
 
 def _prefills(index: int, session: Session, itl_s: float) -> list[tuple[float, str, int, int, int, int, float]]:

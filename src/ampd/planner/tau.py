@@ -83,7 +83,7 @@ def usable_degrees(perf: PerfModel, num_gpus: int, gpus_per_server: int,
 
 def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, num_gpus: int,
                  gpus_per_server: int = 8, local_share: float = AMPD_LOCAL_SHARE, scope: str = "mean",
-                 degrees: Sequence[int] = DEGREES) -> TauTable:
+                 degrees: Sequence[int] = DEGREES, window_s: tuple[float, float] | None = None) -> TauTable:
     """tau_pre(n, k) (``prefill_tau``) and tau_dec(n, k) (``decode_tau``) over the nominal
     stream of ``sessions`` (``stream``), for every usable degree n and every k with
     ``n k`` plus one smallest replica of the other role within ``num_gpus``.
@@ -95,6 +95,8 @@ def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThreshold
         local_share: share of prefills the routing runs locally, in [0, 1):
             ``AMPD_LOCAL_SHARE`` for AMPD, 0 for plain PD disaggregation.
         scope: one of ``SCOPES``; plan in the scope attainment will be judged in.
+        window_s: a steady-state stream's measurement window (``stream.build_stream``);
+            None: the whole stream.
 
     Raises:
         InputError: as ``usable_degrees`` and ``stream.build_stream``; an unknown scope.
@@ -102,7 +104,7 @@ def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThreshold
     if scope not in SCOPES:
         raise InputError(f"unknown scope {scope!r}; known: {', '.join(SCOPES)}")
     usable = usable_degrees(perf, num_gpus, gpus_per_server, degrees)
-    stream = build_stream(sessions, slo.itl_s, local_share)
+    stream = build_stream(sessions, slo.itl_s, local_share, window_s)
     cross_server = num_gpus > gpus_per_server
     prefill, decode = [], []
     for n in usable:

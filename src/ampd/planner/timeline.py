@@ -22,12 +22,19 @@ def _sorted_levels(times_s: np.ndarray, deltas: np.ndarray) -> tuple[np.ndarray,
     return times_s[order], np.cumsum(deltas[order])
 
 
-def level_profile(times_s: np.ndarray, deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def level_profile(times_s: np.ndarray, deltas: np.ndarray,
+                  window_s: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The level of a step function that starts at 0 and jumps by ``deltas[i]`` at
     ``times_s[i]``: (level on each interval between consecutive events, interval
-    lengths in seconds), shapes (n - 1,) each."""
+    lengths in seconds), shapes (n - 1,) each; with ``window_s`` = (from, to), only
+    the parts of the intervals inside it (intervals outside it left out)."""
     sorted_s, levels = _sorted_levels(times_s, deltas)
-    return levels[:-1], np.diff(sorted_s)
+    if window_s is None:
+        return levels[:-1], np.diff(sorted_s)
+    low, high = window_s
+    widths = np.clip(np.minimum(sorted_s[1:], high) - np.maximum(sorted_s[:-1], low), 0.0, None)
+    inside = widths > 0
+    return levels[:-1][inside], widths[inside]
 
 
 def level_integral(times_s: np.ndarray, deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -43,11 +50,13 @@ def interval_events(starts_s: np.ndarray, ends_s: np.ndarray) -> tuple[np.ndarra
     return np.concatenate([starts_s, ends_s]), np.concatenate([np.ones(starts_s.size), -np.ones(ends_s.size)])
 
 
-def others_seen(starts_s: np.ndarray, ends_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def others_seen(starts_s: np.ndarray, ends_s: np.ndarray,
+                window_s: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The distribution of how many other intervals an instant of a randomly chosen
-    interval overlaps: (values b - 1, weights b x time), b(t) the number of intervals
-    covering t. Its mean is ``integral b^2 / integral b - 1``; for a Poisson stream in
-    steady state (M/G/inf) the distribution is the Poisson law of b itself."""
-    level, width_s = level_profile(*interval_events(starts_s, ends_s))
+    interval overlaps (within ``window_s`` when given): (values b - 1, weights b x
+    time), b(t) the number of intervals covering t. Its mean is
+    ``integral b^2 / integral b - 1``; for a Poisson stream in steady state
+    (M/G/inf) the distribution is the Poisson law of b itself."""
+    level, width_s = level_profile(*interval_events(starts_s, ends_s), window_s)
     covered = level > 0
     return level[covered] - 1.0, (level * width_s)[covered]

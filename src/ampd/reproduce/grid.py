@@ -8,18 +8,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Cell:
-    """One model on one workload at the paper's GPU count (H20 GPUs).
-
-    Attributes:
-        num_sessions: sessions per simulation [our choice]: enough that arrivals
-            span several session lifetimes at the knee (GAIA sessions live
-            minutes, so more of them).
-    """
+    """One model on one workload at the paper's GPU count (H20 GPUs); every run of
+    it is a steady-state run (AMPD.md section 6)."""
 
     model: str
     workload: str
     num_gpus: int
-    num_sessions: int
 
     @property
     def label(self) -> str:
@@ -27,31 +21,52 @@ class Cell:
 
 
 MODELS = ("Llama-3.1-70B", "Qwen3-32B", "Mixtral-8x7B")
-# Workload -> (GPUs, sessions in the full grid, sessions in --quick); GPUs from AMPD.md section 4.
-WORKLOADS = {"toolbench": (8, 300, 100), "hotpotqa": (8, 300, 100), "dureader": (16, 300, 100),
-             "gaia": (32, 400, 120)}
+WORKLOADS = {"toolbench": 8, "hotpotqa": 8, "dureader": 16, "gaia": 32}  # GPUs: AMPD.md section 4
 
-# Rates as multiples of the cell's knee (capacity.py) [our choice]: from well below it, where every
-# system should meet its SLO, to well past it.
-RATE_FRACTIONS = (0.4, 0.7, 1.0, 1.3, 1.6)
+# Rates as multiples of the cell's reference capacity (run.prepare: the capacity of plain PD
+# disaggregation on an even split) [our choice]: from half of it, where every reasonable system
+# meets its SLO, to past it, where only better systems still do.
+RATE_FRACTIONS = (0.5, 0.75, 1.0, 1.25, 1.5)
 QUICK_RATE_FRACTIONS = (0.5, 1.0, 1.5)
-SEARCH_FRACTION = 1.0  # the rate of the search, the latency breakdown and the sensitivity (in both grids)
+SEARCH_FRACTION = 1.0  # the rate of the deployment search, the latency breakdown and the sensitivity
 
 # Disaggregated systems: the AMPD family on the planner's deployment (the search when the planner
 # finds no feasible plan), the baselines on their best deployment (search.py).
 PLANNED = " [planner]"  # label suffix of an adaptive system run on the planner's deployment
 DISAGGREGATED = ("ampd", "ampd-predictive", "pd-disagg", "dynamo-length", "dynamo-busy", "dynamo-conditional")
 COLOCATED = ("vllm", "vllm-chunked", "continuum")
+# --quick [our choice]: the paper's AMPD, ours, plain PD disaggregation, the strongest Dynamo rule
+# and the strongest colocated baseline of the full grid.
+QUICK_DISAGGREGATED = ("ampd", "ampd-predictive", "pd-disagg", "dynamo-busy")
+QUICK_COLOCATED = ("vllm-chunked",)
 # Ablations of AMPD (AMPD.md section 3): on AMPD's deployment, remove reordering, then routing too.
 ABLATION = ("ampd", "ampd-no-reorder", "pd-disagg")
-# Sensitivity (AMPD.md sections 3.1, 3.2), on AMPD's deployment at the search rate.
+# Sensitivity (AMPD.md sections 3.1, 3.2), on AMPD's deployment at the search rate; --quick
+# keeps the paper's value and one or two on each side.
 WINDOWS = (2, 3, 4, 5)
 ALPHAS = (0.5, 0.7, 0.9, 1.0)
 BETAS = (0.5, 0.7, 0.85, 1.0)
+QUICK_KNOBS = {"reorder_window": (2, 3, 5), "alpha": (0.7, 0.9), "beta": (0.7, 0.85)}
+# [our choice] The deployment search ranks candidates on runs a quarter of the usual window (at
+# least 500 sessions): only the ranking depends on them, never a reported figure, and they are the
+# largest stage of the grid.
+SCREEN_WINDOW_SHARE = 0.25
 
 
 def cells(quick: bool) -> list[Cell]:
     """The grid: 3 models x 4 workloads, or one model (Llama-3.1-70B) with --quick."""
     models = MODELS[:1] if quick else MODELS
-    return [Cell(m, w, gpus, quick_n if quick else full_n)
-            for m in models for w, (gpus, full_n, quick_n) in WORKLOADS.items()]
+    return [Cell(m, w, gpus) for m in models for w, gpus in WORKLOADS.items()]
+
+
+def systems(quick: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(disaggregated, colocated) systems of the grid."""
+    return (QUICK_DISAGGREGATED, QUICK_COLOCATED) if quick else (DISAGGREGATED, COLOCATED)
+
+
+def knobs(quick: bool) -> list[tuple[str, float]]:
+    """(policy field, value) pairs of the sensitivity study."""
+    if quick:
+        return [(name, value) for name, values in QUICK_KNOBS.items() for value in values]
+    return ([("reorder_window", w) for w in WINDOWS] + [("alpha", a) for a in ALPHAS]
+            + [("beta", b) for b in BETAS])

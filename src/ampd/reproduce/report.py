@@ -25,32 +25,43 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summarize(grid_rows, ablation_rows, sensitivity_rows, best) -> dict:
-    """Every table of RESULTS.md, computed from the rows."""
-    baselines = [s for s in grid.DISAGGREGATED + grid.COLOCATED if not SYSTEMS[s].adaptive]
-    ours = [s for s in dict.fromkeys(r["system"] for r in grid_rows) if SYSTEMS[s.removesuffix(grid.PLANNED)].adaptive]
+def summarize(results: dict) -> dict:
+    """Every table of RESULTS.md, computed from the rows of ``results`` (``grid``,
+    ``capacities``, ``ablation``, ``ablation_capacities``, ``sensitivity``) and its
+    ``best`` deployments and ``references``."""
+    grid_rows, capacities = results["grid"], results["capacities"]
+    labels = list(dict.fromkeys(r["system"] for r in grid_rows))
+    baselines = [s for s in labels if not SYSTEMS[s.removesuffix(grid.PLANNED)].adaptive]
+    ours = [s for s in labels if SYSTEMS[s.removesuffix(grid.PLANNED)].adaptive]
     return {
+        "reference": results["references"],
+        "mean_capacity": analysis.mean_capacity(capacities),
+        "capacity_gains": [analysis.capacity_gains(capacities, s, b) for s in ours for b in baselines],
         "gains": [analysis.gains(grid_rows, s, b) for s in ours for b in baselines],
+        "mean_attainment": analysis.mean_attainment(grid_rows, "system"),
         "local_share": analysis.local_share(grid_rows),
         "breakdown": analysis.breakdown(grid_rows, grid.SEARCH_FRACTION),
-        "ablation": analysis.mean_attainment(ablation_rows, "system"),
-        "sensitivity": analysis.mean_attainment(sensitivity_rows, "knob", "value"),
-        "mean_attainment": analysis.mean_attainment(grid_rows, "system"),
+        "ablation": analysis.mean_capacity(results["ablation_capacities"]),
+        "ablation_attainment": analysis.mean_attainment(results["ablation"], "system"),
+        "sensitivity": analysis.mean_attainment(results["sensitivity"], "knob", "value"),
         "best_deployments": [{"cell": c, "system": s, "deployment": str(d), "chosen_by": how}
-                             for (c, s), (d, how) in best.items()],
+                             for (c, s), (d, how) in results["best"].items()],
     }
 
 
-def write(out_dir: Path, quick: bool, grid_rows, ablation_rows, sensitivity_rows, best) -> dict:
+def write(out_dir: Path, quick: bool, results: dict) -> dict:
     """Write results.json (rows and tables), the PNG figures and tables.md."""
-    tables = summarize(grid_rows, ablation_rows, sensitivity_rows, best)
-    write_json(out_dir / "results.json", {"quick": quick, "tables": tables, "grid": grid_rows,
-                                          "ablation": ablation_rows, "sensitivity": sensitivity_rows})
-    figures.attainment_grid(grid_rows, out_dir / "attainment_grid.png")
+    tables = summarize(results)
+    rows = {k: v for k, v in results.items() if k != "best"}
+    write_json(out_dir / "results.json", {"quick": quick, "tables": tables, **rows})
+    figures.attainment_grid(results["grid"], results["capacities"], out_dir / "attainment_grid.png")
+    figures.capacity_bars(results["capacities"], out_dir / "capacity.png")
     figures.bars(tables["breakdown"], "system", ["ttft_over_slo", "ttft_p95_over_slo", "itl_over_slo",
                                                  "itl_p95_over_slo"],
-                 out_dir / "latency_breakdown.png", "latency / SLO threshold")
-    figures.bars(tables["ablation"], "system", ["attainment_pct"], out_dir / "ablation.png", "mean SLO attainment %")
+                 out_dir / "latency_breakdown.png", "latency / SLO threshold",
+                 f"Latency at {grid.SEARCH_FRACTION:g} x the reference capacity, stable cells")
+    figures.bars(tables["ablation"], "system", ["capacity_over_reference"], out_dir / "ablation.png",
+                 "capacity / reference", "Ablation on AMPD's deployment: capacity, mean over cells")
     figures.sensitivity(tables["sensitivity"], out_dir / "sensitivity.png")
     text = "".join(f"## {name}\n\n{markdown_table(rows)}\n" for name, rows in tables.items())
     (out_dir / "tables.md").write_text(text)

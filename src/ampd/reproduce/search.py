@@ -3,16 +3,22 @@
 [our choice] Coarse to fine: first every usable pair of TP degrees with half the
 GPUs prefilling (the candidate closest to half), then every prefill share for the
 best pair (``deployments.PREFILL_SHARES``); colocated systems try every degree.
-A candidate's score is its SLO attainment at the search rate, ties broken by the
-lower mean TTFT, then by the candidate order.
+A candidate's score, at the search rate (the cell's reference capacity): first
+whether it meets the SLO in steady state (``ampd.measure.capacity.meets_slo``:
+its capacity is then at least that rate), then whether its run was stable, then
+its SLO attainment, ties broken by the lower mean TTFT, then by the candidate
+order.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from ampd.config import RunConfig, override
 from ampd.core.deployment import Deployment, Role
+from ampd.measure import STABLE
+from ampd.measure.capacity import meets_slo
 
 Evaluate = Callable[[Sequence[RunConfig]], list[dict]]
 
@@ -40,9 +46,9 @@ def same_pair(candidates: list[Deployment], chosen: Deployment) -> list[Deployme
     return [d for d in candidates if _tp_pair(d) == _tp_pair(chosen)]
 
 
-def _score(row: dict) -> tuple[float, float]:
+def _score(row: dict) -> tuple[bool, bool, float, float]:
     ttft = row["ttft_mean_s"]
-    return (-row["slo_attainment"], ttft if ttft == ttft else float("inf"))
+    return (not meets_slo(row), row["verdict"] != STABLE, -row["slo_attainment"], ttft if ttft == ttft else math.inf)
 
 
 def pick_best(searches: dict, evaluate: Evaluate) -> dict:

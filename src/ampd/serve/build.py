@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from ampd.config import RunConfig
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
-from ampd.experiment import perf_model_for, sessions_for, slo_for
+from ampd.experiment import perf_model_for, slo_for
 from ampd.policy.routing import SloThresholds
 from ampd.policy.systems import Knobs, get_system
 from ampd.serve.app import create_app
@@ -57,7 +57,7 @@ def engine_workers(config: RunConfig) -> list[WorkerInfo]:
 def serve_slo(config: RunConfig) -> SloThresholds:
     """The thresholds the router aims at: the configured ones, each missing one
     derived from the configured workload exactly as a simulation does."""
-    return slo_for(config, perf_model_for(config), sessions_for(config))
+    return slo_for(config, perf_model_for(config))
 
 
 def make_store(config: RunConfig) -> StateStore:

@@ -38,7 +38,7 @@ import logging
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ from ampd.core.errors import InputError
 from ampd.core.session import MAX_TOKENS
 from ampd.core.task import PrefillTask
 from ampd.experiment import perf_model_for
+from ampd.metrics.records import ItlSeries
 from ampd.perf.interface import PerfModel
 from ampd.policy.reorder import Fcfs
 from ampd.serve.clock import ScaledClock
@@ -216,20 +217,6 @@ def _int_param(params: dict[str, Any], name: str, low: int, high: int | None = N
     return value
 
 
-class _TokenTap(list):
-    """The ITL list ``SimDecodeWorker.join`` appends to before each further token
-    of a sequence: each append also emits that token (the per-token hook, with
-    the simulator unchanged)."""
-
-    def __init__(self, on_token: Callable[[], None]) -> None:
-        super().__init__()
-        self._on_token = on_token
-
-    def append(self, itl_s: float) -> None:
-        super().append(itl_s)
-        self._on_token()
-
-
 @dataclass(eq=False)
 class EngineRound:
     """One request inside the engine. ``events`` receives each output token id as
@@ -293,7 +280,7 @@ class MockEngine:
                                     self._decode_specs.__getitem__)
         kv = SessionKvCache(self.capacity_tokens, o.kv_retention, o.pin_ttl_s)
         return SimDecodeWorker(self.spec, self.loop, self.perf, Fcfs(), self, o.window_s,
-                               Batching(o.batching, o.chunk_tokens), kv)
+                               Batching(o.batching, o.chunk_tokens), kv, self._tokens)
 
     def submit(self, request: CompletionRequest, session_id: str, last_round: bool = False) -> EngineRound:
         """Start serving ``request``; its tokens arrive on the returned round's ``events``.
@@ -396,13 +383,22 @@ class MockEngine:
         rnd.emit()
         if self.spec.role is Role.PREFILL:
             del self._decode_specs[task.decode_worker]
-            self.round_done(*task.key)
+            self._end(task.key)
         else:
-            self.worker.join(task, len(rnd.token_ids), _TokenTap(rnd.emit))
+            self.worker.join(task, len(rnd.token_ids))
 
-    def round_done(self, session_id: str, round_index: int) -> None:
+    def _tokens(self, keys: Iterable[tuple[str, int]]) -> None:
+        """The decode worker's step ended: each of these rounds has its next token."""
+        for key in keys:
+            self.rounds[key].emit()
+
+    def round_done(self, session_id: str, round_index: int, itls: ItlSeries) -> None:
         """Sink: the round's last token is out."""
-        rnd = self.rounds.pop((session_id, round_index))
+        self._end((session_id, round_index))
+
+    def _end(self, key: tuple[str, int]) -> None:
+        session_id = key[0]
+        rnd = self.rounds.pop(key)
         rnd.events.put_nowait(None)
         if rnd.last_round:
             self.worker.kv.end_session(session_id)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import ssl
 import sys
@@ -35,6 +36,7 @@ from tqdm import tqdm
 
 from ampd.core.errors import InputError
 from ampd.core.session import Session
+from ampd.measure import TRANSIENT, MeasurePlan, Stability, measure_window
 from ampd.metrics.records import RoundRecord, SessionRecord
 from ampd.metrics.slo import SloScope
 from ampd.metrics.summary import RunSummary, summarize
@@ -76,12 +78,14 @@ class ReplayResult:
             that failed (that one without ``done_s``) and has no ``done_s``.
         failed: ``(session_id, round_index, reason)`` of each failed session, in
             arrival order; its later rounds were not sent.
-        retries: ``(session_id, round_index, reason)`` of each try that failed
-            and was sent again (``retry_s``).
         start_s: the clock's model time at the replay's start (time 0 of the records).
         wall_s: wall-clock duration of the replay, seconds.
-        summary: ``ampd.metrics.summary.summarize`` of ``sessions``; failed sessions
+        summary: ``ampd.metrics.summary.summarize`` of ``sessions`` (of those
+            arriving in the measurement window, with a plan); failed sessions
             count as not attaining the SLO.
+        stability: the verdict (``transient`` without a plan).
+        retries: ``(session_id, round_index, reason)`` of each try that failed
+            and was sent again (``retry_s``).
     """
 
     sessions: list[SessionRecord]
@@ -89,6 +93,7 @@ class ReplayResult:
     start_s: float
     wall_s: float
     summary: RunSummary
+    stability: Stability = Stability(TRANSIENT, "a fixed set of sessions")
     retries: list[Failure] = field(default_factory=list)
 
 
@@ -346,7 +351,8 @@ def _check_inputs(sessions: Sequence[Session], vocab_size: int, timeout_s: float
 async def replay(url: str, sessions: Sequence[Session], *, model: str, clock: ScaledClock, ttft_slo_s: float,
                  itl_slo_s: float, scope: SloScope = SloScope.MEAN, vocab_size: int = DEFAULT_VOCAB_SIZE,
                  seed: int = 0, timeout_s: float = DEFAULT_TIMEOUT_S, progress: bool = False,
-                 failover_urls: Sequence[str] = (), retry_s: float = 0.0) -> ReplayResult:
+                 plan: MeasurePlan | None = None, failover_urls: Sequence[str] = (),
+                 retry_s: float = 0.0) -> ReplayResult:
     """Replay ``sessions`` against ``url`` (the server's base URL, e.g.
     ``http://127.0.0.1:8000``) and summarise them under the given thresholds.
 
@@ -360,6 +366,11 @@ async def replay(url: str, sessions: Sequence[Session], *, model: str, clock: Sc
         timeout_s: longest wait, wall seconds, for any step of a request
             (connect, reply headers, next chunk); past it the round fails.
         progress: show a tqdm bar of finished sessions on stderr.
+        plan: a steady-state measurement (``ampd.measure``): the replay stops once
+            every session arriving in the window has finished, or at the plan's
+            horizon (sessions still running are cut off; sessions not yet arrived
+            are not sent), and the summary and verdict are the window's. None:
+            every session runs to its end and all count (a transient).
         failover_urls, retry_s: where a round that failed retryably is sent
             again, for up to ``retry_s`` wall seconds (0: never retried).
 
@@ -372,16 +383,50 @@ async def replay(url: str, sessions: Sequence[Session], *, model: str, clock: Sc
     records = [SessionRecord(s.session_id, s.arrival_s, len(s.rounds)) for s in ordered]
     wall_start_s = time.perf_counter()
     replayer = _Replayer([url, *failover_urls], model, clock, vocab_size, seed, timeout_s, retry_s)
+    window = (plan.warmup_s, plan.warmup_s + plan.window_s) if plan else (-math.inf, math.inf)
+    measured_left = sum(window[0] <= s.arrival_s < window[1] for s in ordered)
+    all_measured_done = asyncio.Event()
     with tqdm(total=len(ordered), desc="sessions", unit="session", file=sys.stderr, disable=not progress) as bar:
         async def run_one(session: Session, record: SessionRecord) -> Failure | None:
+            nonlocal measured_left
             failure = await replayer.run_session(session, record)
             bar.update()
+            if window[0] <= session.arrival_s < window[1]:
+                measured_left -= 1
+                if measured_left == 0:
+                    all_measured_done.set()
             return failure
 
-        outcomes = await asyncio.gather(*(run_one(s, r) for s, r in zip(ordered, records, strict=True)))
+        tasks = [asyncio.create_task(run_one(s, r)) for s, r in zip(ordered, records, strict=True)]
+        stopped = await _until_measured(tasks, all_measured_done, replayer, plan)
+    outcomes = [t.result() for t in tasks if not t.cancelled()]
     failed = [f for f in outcomes if f is not None]
-    return ReplayResult(records, failed, replayer.start_s, time.perf_counter() - wall_start_s,
-                        summarize(records, ttft_slo_s, itl_slo_s, scope), replayer.retries)
+    if plan is None:
+        return ReplayResult(records, failed, replayer.start_s, time.perf_counter() - wall_start_s,
+                            summarize(records, ttft_slo_s, itl_slo_s, scope), retries=replayer.retries)
+    arrived = [r for r in records if r.arrival_s <= replayer.now_s()]
+    summary, stability = measure_window(arrived, plan, ttft_slo_s, itl_slo_s, scope, stopped)
+    return ReplayResult(arrived, failed, replayer.start_s, time.perf_counter() - wall_start_s, summary, stability,
+                        replayer.retries)
+
+
+async def _until_measured(tasks: list[asyncio.Task], all_measured_done: asyncio.Event, replayer: _Replayer,
+                          plan: MeasurePlan | None) -> str | None:
+    """Wait for every task (no plan), or until the measured sessions have all
+    finished or the plan's horizon has passed, then cancel the rest; why the
+    replay stopped before its measured sessions finished, or None."""
+    if plan is None:
+        await asyncio.gather(*tasks)
+        return None
+    done = asyncio.create_task(all_measured_done.wait())
+    horizon = asyncio.create_task(replayer.sleep_until(plan.horizon_s))
+    await asyncio.wait({done, horizon}, return_when=asyncio.FIRST_COMPLETED)
+    stopped = None if all_measured_done.is_set() else (
+        f"measured sessions still running {plan.drain_s:.0f} s after the window")
+    for task in [*tasks, done, horizon]:
+        task.cancel()
+    await asyncio.gather(*tasks, done, horizon, return_exceptions=True)
+    return stopped
 
 
 def replay_sync(url: str, sessions: Sequence[Session], **kwargs) -> ReplayResult:

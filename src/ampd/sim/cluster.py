@@ -3,7 +3,9 @@ dispatch, tool waits) over simulated prefill and decode workers (AMPD.md section
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ampd.core.deployment import Role, WorkerSpec
@@ -11,7 +13,7 @@ from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.core.task import PrefillTask
 from ampd.core.view import ClusterView
-from ampd.metrics.records import RoundRecord, SessionRecord
+from ampd.metrics.records import ItlSeries, RoundRecord, SessionRecord
 from ampd.perf.interface import PerfModel
 from ampd.policy.binding import MostFreeKvBinder
 from ampd.policy.decisions import BindDecision, RouteDecision
@@ -19,6 +21,7 @@ from ampd.policy.reorder import QueuePolicy
 from ampd.policy.routing import Router
 from ampd.sim.decode_worker import Batching, SimDecodeWorker
 from ampd.sim.kv_cache import SessionKvCache
+from ampd.sim.limits import RunLimits
 from ampd.sim.engine import EventLoop
 from ampd.sim.prefill_worker import SimPrefillWorker
 
@@ -28,10 +31,12 @@ class SimResult:
     """Everything a simulation run produced.
 
     Attributes:
-        sessions: one record per session, in arrival order.
+        sessions: one record per session that arrived, in arrival order.
         binds, routes: every decision, in the order taken.
         num_events: events the loop ran.
         end_s: virtual time of the last event.
+        stopped: why the run stopped before its measured sessions all finished
+            (``RunLimits``), or None.
     """
 
     sessions: list[SessionRecord]
@@ -39,6 +44,7 @@ class SimResult:
     routes: list[RouteDecision] = field(default_factory=list)
     num_events: int = 0
     end_s: float = 0.0
+    stopped: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,9 @@ class SimCluster:
         self.result = SimResult(sessions=[])
         self._live: dict[str, _Live] = {}
         self._waiting: deque[_Live] = deque()
+        self._arrivals: Iterator[Session] = iter(())
+        self._limits: RunLimits | None = None
+        self._measured_left = 0
 
     def _make_worker(self, spec: WorkerSpec, queue_policy: QueuePolicy, options: WorkerOptions):
         if spec.role is Role.DECODE:
@@ -100,8 +109,11 @@ class SimCluster:
         return SimPrefillWorker(spec, self.loop, self.perf, queue_policy, self, options.window_s,
                                 lambda worker_id: self.specs[worker_id])
 
-    def run(self, sessions: list[Session]) -> SimResult:
-        """Simulate ``sessions`` to completion.
+    def run(self, sessions: list[Session], limits: RunLimits | None = None) -> SimResult:
+        """Simulate ``sessions``: to completion, or as ``limits`` say (the run ends
+        when every measured session has finished, at ``stop_by_s``, or when the
+        sessions in the system exceed ``max_in_system``). Arrivals are scheduled
+        one at a time, so the event heap holds the sessions in the system only.
 
         Raises:
             InputError: two sessions share an id, or a session's KV (at its
@@ -109,26 +121,46 @@ class SimCluster:
                 never be served.
         """
         largest = max(w.kv_capacity_tokens for w in self.workers if w.spec.role is Role.DECODE)
-        for s in sorted(sessions, key=lambda s: s.arrival_s):
-            if s.session_id in self._live:
+        ordered = sorted(sessions, key=lambda s: s.arrival_s)
+        seen: set[str] = set()
+        for s in ordered:
+            if s.session_id in seen:
                 raise InputError(f"session id {s.session_id!r} appears twice; session ids must be unique")
+            seen.add(s.session_id)
             if s.total_tokens > largest:
                 raise InputError(f"session {s.session_id}: its KV reaches {s.total_tokens} tokens, "
                                  f"the largest decode replica holds {largest}")
-            live = _Live(s, SessionRecord(s.session_id, s.arrival_s, len(s.rounds)))
-            self.result.sessions.append(live.record)
-            self._live[s.session_id] = live
-            self.loop.at(s.arrival_s, self._arrive, live)
-        self.loop.run()
+        self._limits = limits
+        self._measured_left = sum(limits.measured(s.arrival_s) for s in ordered) if limits else -1
+        self._arrivals = iter(ordered)
+        self._schedule_next_arrival()
+        self.loop.run(limits.stop_by_s if limits else math.inf)
+        if limits and self.result.stopped is None and self._measured_left > 0:
+            self.result.stopped = (f"measured sessions still running {limits.stop_by_s - limits.measure_to_s:.0f} s "
+                                   f"after the window")
         self.result.num_events, self.result.end_s = self.loop.num_events, self.loop.now_s
         return self.result
+
+    def _schedule_next_arrival(self) -> None:
+        session = next(self._arrivals, None)
+        if session is not None:
+            self.loop.at(session.arrival_s, self._arrive, session)
 
     def view(self) -> ClusterView:
         """The policies' snapshot of every worker now."""
         now_s = self.loop.now_s
         return ClusterView(tuple(w.view(now_s) for w in self.workers))
 
-    def _arrive(self, live: _Live) -> None:
+    def _arrive(self, session: Session) -> None:
+        live = _Live(session, SessionRecord(session.session_id, session.arrival_s, len(session.rounds)))
+        self.result.sessions.append(live.record)
+        self._live[session.session_id] = live
+        limits = self._limits
+        if limits is not None and len(self._live) > limits.max_in_system:
+            self.result.stopped = f"overloaded: more than {limits.max_in_system} sessions in the system"
+            self.loop.stop()
+            return
+        self._schedule_next_arrival()
         self._waiting.append(live)
         self._admit()
 
@@ -167,11 +199,12 @@ class SimCluster:
         live = self._live[task.session_id]
         record = live.record.rounds[task.round_index]
         record.first_token_s, record.local, record.prefill_worker = self.loop.now_s, local, prefill_worker
-        self.workers[live.decode_worker].join(task, record.output_tokens, record.itls_s)
+        self.workers[live.decode_worker].join(task, record.output_tokens)
 
-    def round_done(self, session_id: str, round_index: int) -> None:
+    def round_done(self, session_id: str, round_index: int, itls: ItlSeries) -> None:
         live = self._live[session_id]
-        live.record.rounds[round_index].done_s = self.loop.now_s
+        record = live.record.rounds[round_index]
+        record.done_s, record.itls_s = self.loop.now_s, itls
         rounds = live.session.rounds
         if round_index + 1 < len(rounds):
             ready_s = self.loop.now_s + rounds[round_index].tool_s
@@ -180,4 +213,9 @@ class SimCluster:
         live.record.done_s = self.loop.now_s
         self.workers[live.decode_worker].kv.end_session(session_id)
         del self._live[session_id]
+        if self._limits is not None and self._limits.measured(live.session.arrival_s):
+            self._measured_left -= 1
+            if self._measured_left == 0:
+                self.loop.stop()
+                return
         self._admit()

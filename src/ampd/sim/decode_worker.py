@@ -5,11 +5,13 @@ section 4's vLLM and vLLM-Continuum baselines)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ampd.core.deployment import WorkerSpec
 from ampd.core.task import PrefillTask
 from ampd.core.view import QueuedTask, WorkerView
+from ampd.metrics.records import RecordedItls, StepItls, StepLog
 from ampd.perf.interface import PerfModel
 from ampd.policy.reorder import QueuePolicy, apply_order
 from ampd.policy.window import SlidingWindowMean
@@ -49,13 +51,17 @@ class Batching:
 
 @dataclass(slots=True)
 class _Sequence:
+    """A round decoding on this worker: it joined at ``join_s`` with
+    ``context_tokens`` of KV and decodes one token in each of the steps
+    ``first_step`` to ``stop_step - 1`` (numbered as in the worker's ``StepLog``)."""
+
     session_id: str
     round_index: int
     remaining_tokens: int
     context_tokens: int
-    last_token_s: float
-    itls_s: list[float]
-
+    join_s: float
+    first_step: int = 0
+    stop_step: int = 0
 
 @dataclass(slots=True)
 class _Chunking:
@@ -74,17 +80,35 @@ class SimDecodeWorker:
     costs ``T_pre(done, c) + T_dec(b, ctx) - T_dec(1, 0)``: the prefill chunk plus
     what the decode batch adds beyond a one-token step, the weights being read
     once. [our choice]
+
+    ``on_step``, when given, hears the (session id, round index) of every
+    sequence that got a token at the end of each step (the mock engine streams
+    them); it makes a step O(batch).
+
+    Cost: a step costs O(1) plus O(1) per sequence that joins or finishes in it,
+    whatever the batch size: the batch is kept as running totals (size, context
+    tokens), each sequence's last step is known when it joins (no preemption), and
+    its ITLs are read off the worker's ``StepLog`` afterwards (``StepItls``).
     """
 
     def __init__(self, spec: WorkerSpec, loop: EventLoop, perf: PerfModel, queue_policy: QueuePolicy,
                  sink: RoundSink, window_s: float, batching: Batching = Batching(),
-                 kv_cache: SessionKvCache | None = None) -> None:
+                 kv_cache: SessionKvCache | None = None,
+                 on_step: Callable[[Iterable[tuple[str, int]]], None] | None = None) -> None:
         self.spec, self.loop, self.perf, self.queue_policy, self.sink = spec, loop, perf, queue_policy, sink
-        self.batching = batching
+        self.batching, self.on_step = batching, on_step
         self.kv = kv_cache or SessionKvCache(perf.kv_capacity_tokens(spec.tp))
         self.queue: list[QueuedTask] = []
         self.itl_window = SlidingWindowMean(window_s)
-        self._batch: dict[tuple[str, int], _Sequence] = {}
+        self.steps = StepLog()
+        self._step_ends = self.steps.ends_s
+        self._joining: list[_Sequence] = []  # first token out, waiting for the next step
+        self._step_joiners: list[_Sequence] = []  # joined the step in flight
+        self._running: dict[tuple[str, int], _Sequence] = {}  # in the steps, in the order they joined
+        self._finishing: dict[int, list[_Sequence]] = {}  # step index -> sequences whose last token it is
+        self._batch_size = 0
+        self._context_tokens = 0
+        self._last_step_end_s = 0.0
         self._busy_until_s: float | None = None
         self._last_was_prefill = False
         self._chunking: _Chunking | None = None
@@ -93,21 +117,27 @@ class SimDecodeWorker:
     def kv_capacity_tokens(self) -> int:
         return self.kv.capacity_tokens
 
+    @property
+    def batch_size(self) -> int:
+        """Sequences decoding here, those waiting for the next step included."""
+        return self._batch_size + len(self._joining)
+
     def enqueue_local(self, task: PrefillTask) -> None:
         """Queue a prefill routed here (local execution)."""
         cost_s = self.perf.prefill_s(task.hist_tokens, task.new_tokens, self.spec.tp)
         self.queue.append(QueuedTask(task, self.loop.now_s, cost_s))
         self._kick()
 
-    def join(self, task: PrefillTask, output_tokens: int, itls_s: list[float]) -> None:
-        """The round's first token is out and its KV is here: decode the rest,
-        appending the gap before each further token to ``itls_s``."""
+    def join(self, task: PrefillTask, output_tokens: int) -> None:
+        """The round's first token is out and its KV is here: decode the other
+        ``output_tokens - 1`` tokens; the sink hears ``round_done`` with their ITLs."""
         seq = _Sequence(task.session_id, task.round_index, output_tokens - 1,
-                        task.hist_tokens + task.new_tokens + 1, self.loop.now_s, itls_s)
+                        task.hist_tokens + task.new_tokens + 1, self.loop.now_s)
         if seq.remaining_tokens == 0:
-            self._finish(seq)
+            self.kv.end_round(seq.session_id, self.loop.now_s)
+            self.sink.round_done(seq.session_id, seq.round_index, RecordedItls())
             return
-        self._batch[(task.session_id, task.round_index)] = seq
+        self._joining.append(seq)
         self._kick()
 
     def view(self, now_s: float) -> WorkerView:
@@ -116,23 +146,20 @@ class SimDecodeWorker:
         return WorkerView(self.spec, tuple(self.queue), busy_s, None, self.itl_window.mean(now_s),
                           self.kv.capacity_tokens, self.kv.used_tokens(now_s))
 
-    def _finish(self, seq: _Sequence) -> None:
-        self.kv.end_round(seq.session_id, self.loop.now_s)
-        self.sink.round_done(seq.session_id, seq.round_index)
-
     def _kick(self) -> None:
         if self._busy_until_s is not None:
             return
+        decoding = self._batch_size > 0 or bool(self._joining)
         if self.batching.mode == "chunked":
-            if self.queue or self._chunking or self._batch:
+            if self.queue or self._chunking or decoding:
                 self._start_mixed_step()
             return
-        prefill_turn = self.queue and (self.batching.mode == "prefill-first" or not self._batch
+        prefill_turn = self.queue and (self.batching.mode == "prefill-first" or not decoding
                                        or not self._last_was_prefill)
         if prefill_turn:
             self._start_prefill()
-        elif self._batch:
-            self._start_step()
+        elif decoding:
+            self._start_step(self._decode_s())
 
     def _dequeue(self) -> QueuedTask:
         decision = self.queue_policy.pick(self.queue, self.loop.now_s)
@@ -150,26 +177,44 @@ class SimDecodeWorker:
         self.sink.first_token(task, self.spec.worker_id, True)
         self._kick()
 
-    def _start_step(self) -> None:
-        batch = list(self._batch.values())
-        self._last_was_prefill = False
-        self._busy_until_s = self.loop.now_s + self._decode_s(batch)
-        self.loop.at(self._busy_until_s, self._end_step, batch, 0)
+    def _admit_joining(self) -> None:
+        """Sequences waiting for a step join the one starting now (numbered
+        ``len(self.steps)``: a step is logged when it ends, one at a time)."""
+        if not self._joining:
+            return
+        step = len(self._step_ends)
+        for seq in self._joining:
+            seq.first_step, seq.stop_step = step, step + seq.remaining_tokens
+            self._finishing.setdefault(seq.stop_step - 1, []).append(seq)
+            self._running[(seq.session_id, seq.round_index)] = seq
+            self._batch_size += 1
+            self._context_tokens += seq.context_tokens
+        self._step_joiners, self._joining = self._joining, []
 
-    def _decode_s(self, batch: list[_Sequence]) -> float:
-        return self.perf.decode_step_s(len(batch), sum(s.context_tokens for s in batch), self.spec.tp)
+    def _decode_s(self) -> float:
+        """One decode step of the batch as it will be once the joining sequences are in."""
+        batch, context = self._batch_size, self._context_tokens
+        if self._joining:
+            batch += len(self._joining)
+            context += sum(s.context_tokens for s in self._joining)
+        return self.perf.decode_step_s(batch, context, self.spec.tp)
+
+    def _start_step(self, step_s: float, chunk: int = 0) -> None:
+        self._admit_joining()
+        self._last_was_prefill = False
+        self._busy_until_s = self.loop.now_s + step_s
+        self.loop.at(self._busy_until_s, self._end_step, self._batch_size, chunk)
 
     def _start_mixed_step(self) -> None:
         if self._chunking is None and self.queue:
             self._chunking = _Chunking(self._dequeue())
-        batch = list(self._batch.values())
-        chunk, step_s = self._chunk_tokens(len(batch)), self._decode_s(batch) if batch else 0.0
+        decoding = self.batch_size > 0
+        chunk, step_s = self._chunk_tokens(self.batch_size), self._decode_s() if decoding else 0.0
         if chunk:
             task = self._chunking.head.task
             prefill_s = self.perf.prefill_s(task.hist_tokens + self._chunking.done_tokens, chunk, self.spec.tp)
-            step_s = prefill_s + (step_s - self.perf.decode_step_s(1, 0, self.spec.tp) if batch else 0.0)
-        self._busy_until_s = self.loop.now_s + step_s
-        self.loop.at(self._busy_until_s, self._end_step, batch, chunk)
+            step_s = prefill_s + (step_s - self.perf.decode_step_s(1, 0, self.spec.tp) if decoding else 0.0)
+        self._start_step(step_s, chunk)
 
     def _chunk_tokens(self, batch_size: int) -> int:
         if self._chunking is None:
@@ -177,25 +222,46 @@ class SimDecodeWorker:
         left = self._chunking.head.task.new_tokens - self._chunking.done_tokens
         return max(0, min(left, self.batching.chunk_tokens - batch_size))
 
-    def _end_step(self, batch: list[_Sequence], chunk: int) -> None:
-        now_s = self.loop.now_s
-        self._busy_until_s = None
-        self._emit_tokens(batch, now_s)
+    def _end_step(self, batch_size: int, chunk: int) -> None:
+        """Every sequence of the step has one more token; state is settled before
+        any callback runs, since the sink may start work on this worker."""
+        finished = self._emit_tokens(batch_size) if batch_size else ()
+        prefilled = None
         if chunk:
             self._chunking.done_tokens += chunk
             if self._chunking.done_tokens == self._chunking.head.task.new_tokens:
-                task, self._chunking = self._chunking.head.task, None
-                self.sink.first_token(task, self.spec.worker_id, True)
+                prefilled, self._chunking = self._chunking.head.task, None
+        self._busy_until_s = None
+        for seq in finished:
+            self.kv.end_round(seq.session_id, self.loop.now_s)
+            self.sink.round_done(seq.session_id, seq.round_index,
+                                 StepItls(seq.join_s, self.steps, seq.first_step, seq.stop_step))
+        if prefilled is not None:
+            self.sink.first_token(prefilled, self.spec.worker_id, True)
         self._kick()
 
-    def _emit_tokens(self, batch: list[_Sequence], now_s: float) -> None:
-        for seq in batch:
-            itl_s = now_s - seq.last_token_s
-            self.itl_window.add(now_s, itl_s)
-            seq.itls_s.append(itl_s)
-            seq.last_token_s = now_s
-            seq.remaining_tokens -= 1
-            seq.context_tokens += 1
-            if seq.remaining_tokens == 0:
-                del self._batch[(seq.session_id, seq.round_index)]
-                self._finish(seq)
+    def _emit_tokens(self, batch_size: int) -> Sequence[_Sequence]:
+        """Log the step, feed the ITL window (sequences in the previous step waited
+        since its end, those that joined since they joined) and take out the
+        sequences whose last token this was."""
+        now_s = self.loop.now_s
+        step = len(self._step_ends)
+        self._step_ends.append(now_s)
+        joiners = self._step_joiners
+        continuing = batch_size - len(joiners)
+        if continuing:
+            self.itl_window.add(now_s, now_s - self._last_step_end_s, continuing)
+        if joiners:
+            for seq in joiners:
+                self.itl_window.add(now_s, now_s - seq.join_s)
+            self._step_joiners = []
+        self._last_step_end_s = now_s
+        self._context_tokens += batch_size
+        if self.on_step is not None:
+            self.on_step(self._running)
+        finished = self._finishing.pop(step, ())
+        for seq in finished:
+            del self._running[(seq.session_id, seq.round_index)]
+            self._batch_size -= 1
+            self._context_tokens -= seq.context_tokens + seq.stop_step - seq.first_step
+        return finished

@@ -25,6 +25,7 @@ class EventLoop:
         self.num_events = 0
         self._heap: list[tuple[float, int, int, Callable[..., Any], tuple[Any, ...]]] = []
         self._seq = 0
+        self._stopped = False
 
     def at(self, time_s: float, callback: Callable[..., Any], *args: Any, priority: int = 0) -> None:
         """Run ``callback(*args)`` at ``time_s`` (lower priority first among equal times).
@@ -41,11 +42,21 @@ class EventLoop:
         """Run ``callback(*args)`` ``delay_s`` seconds from now."""
         self.at(self.now_s + delay_s, callback, *args, priority=priority)
 
+    def stop(self) -> None:
+        """End ``run`` after the event running now."""
+        self._stopped = True
+
+    @property
+    def idle(self) -> bool:
+        """No event left to run."""
+        return not self._heap
+
     def run(self, until_s: float = math.inf) -> None:
-        """Run events in time order until the heap is empty or the next event is
-        after ``until_s``."""
+        """Run events in time order until the heap is empty, the next event is
+        after ``until_s``, or an event calls ``stop``."""
         heap = self._heap
-        while heap and heap[0][0] <= until_s:
+        self._stopped = False
+        while heap and heap[0][0] <= until_s and not self._stopped:
             time_s, _, _, callback, args = heapq.heappop(heap)
             self.now_s = time_s
             self.num_events += 1

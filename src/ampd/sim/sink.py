@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ampd.core.task import PrefillTask
+from ampd.metrics.records import ItlSeries
 
 
 class RoundSink(Protocol):
@@ -14,5 +15,6 @@ class RoundSink(Protocol):
         """The round's prefill is done and its KV is on the decode worker: the first
         output token reaches the user now."""
 
-    def round_done(self, session_id: str, round_index: int) -> None:
-        """The round produced its last output token."""
+    def round_done(self, session_id: str, round_index: int, itls: ItlSeries) -> None:
+        """The round produced its last output token; ``itls`` are the gaps before
+        its tokens after the first."""

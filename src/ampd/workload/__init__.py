@@ -9,12 +9,14 @@ from ampd.workload.convert import FORMATS, convert, guess_format, load_any
 from ampd.workload.converters import (
     convert_mooncake, convert_session_delay, convert_tracelab, convert_trtllm)
 from ampd.workload.specs import WORKLOADS, LogNormal, RoundCount, WorkloadSpec
-from ampd.workload.synthetic import generate
+from ampd.workload.stream import cycled, poisson_until, repeated, sampled, with_arrivals
+from ampd.workload.synthetic import generate, synthetic_sessions
 from ampd.workload.trace_format import load_trace, save_trace
 
 __all__ = [
     "BUILTIN_TRACES", "FORMATS", "LogNormal", "RoundCount", "WORKLOADS", "WorkloadSpec",
     "arrival_rate_per_s", "builtin_trace", "convert", "convert_mooncake", "convert_session_delay",
-    "convert_tracelab", "convert_trtllm", "generate", "guess_format", "load_any", "load_trace",
-    "poisson_arrivals", "rescale_rate", "save_trace", "take", "with_poisson_arrivals",
+    "convert_tracelab", "convert_trtllm", "cycled", "generate", "guess_format", "load_any", "load_trace",
+    "poisson_arrivals", "poisson_until", "repeated", "rescale_rate", "save_trace", "synthetic_sessions",
+    "sampled", "take", "with_arrivals", "with_poisson_arrivals",
 ]

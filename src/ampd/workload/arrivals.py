@@ -27,7 +27,7 @@ def poisson_arrivals(num: int, rate_per_s: float, rng: np.random.Generator) -> l
     """
     if num < 0:
         raise InputError(f"num: must be >= 0, got {num}")
-    _check_positive("rate_per_s", rate_per_s)
+    check_positive("rate_per_s", rate_per_s)
     gaps_s = rng.exponential(1.0 / rate_per_s, size=num)
     return [float(t) for t in np.cumsum(gaps_s)]
 
@@ -51,7 +51,7 @@ def rescale_rate(sessions: Sequence[Session], factor: float) -> list[Session]:
     Raises:
         InputError: ``factor`` not finite and > 0.
     """
-    _check_positive("factor", factor)
+    check_positive("factor", factor)
     return [replace(s, arrival_s=s.arrival_s / factor) for s in sessions]
 
 
@@ -79,6 +79,7 @@ def take(sessions: Sequence[Session], n: int) -> list[Session]:
     return list(sessions[:n])
 
 
-def _check_positive(name: str, value: float) -> None:
+def check_positive(name: str, value: float) -> None:
+    """Raises InputError naming ``name`` unless ``value`` is finite and > 0."""
     if not (math.isfinite(value) and value > 0):
         raise InputError(f"{name}: must be a finite number > 0, got {value}")

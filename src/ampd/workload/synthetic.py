@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -10,30 +12,43 @@ from ampd.core.errors import InputError
 from ampd.core.session import Round, Session
 from ampd.workload.arrivals import poisson_arrivals
 from ampd.workload.specs import WORKLOADS, LogNormal, RoundCount, WorkloadSpec
+from ampd.workload.stream import with_arrivals
 
 
-def generate(workload: str, num_sessions: int, rate_per_s: float,
-             rng: np.random.Generator) -> list[Session]:
-    """``num_sessions`` sessions of ``workload`` arriving as a Poisson process.
+def synthetic_sessions(workload: str, rng: np.random.Generator) -> Iterator[Session]:
+    """An endless stream of ``workload``'s sessions ``<workload>-<i>`` (arrival
+    times 0: see ``ampd.workload.stream``).
 
     Args:
         workload: a key of ``specs.WORKLOADS`` (toolbench, gaia, hotpotqa, dureader).
-        rate_per_s: session arrival rate.
         rng: the only source of randomness; the same seed gives the same sessions.
 
-    Returns:
-        Sessions ``<workload>-<i>`` in arrival order. Token counts are lognormal
-        draws rounded to ints >= 1; the last round's ``tool_s`` is 0.
+    Token counts are lognormal draws rounded to ints >= 1; the last round's
+    ``tool_s`` is 0.
 
     Raises:
-        InputError: unknown workload (the message lists the known ones), a
-            negative ``num_sessions``, or a ``rate_per_s`` not finite and > 0.
+        InputError: unknown workload (the message lists the known ones).
     """
     if workload not in WORKLOADS:
         raise InputError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
     spec = WORKLOADS[workload]
-    arrivals_s = poisson_arrivals(num_sessions, rate_per_s, rng)
-    return [Session(f"{workload}-{i}", t, _sample_rounds(spec, rng)) for i, t in enumerate(arrivals_s)]
+    for i in itertools.count():
+        yield Session(f"{workload}-{i}", 0.0, _sample_rounds(spec, rng))
+
+
+def generate(workload: str, num_sessions: int, rate_per_s: float,
+             rng: np.random.Generator) -> list[Session]:
+    """``num_sessions`` sessions of ``workload`` arriving as a Poisson process
+    of ``rate_per_s``: the first sessions of ``synthetic_sessions`` and
+    ``poisson_arrivals``, each from its own generator spawned from ``rng``.
+
+    Raises:
+        InputError: unknown workload, a negative ``num_sessions``, or a
+            ``rate_per_s`` not finite and > 0.
+    """
+    content_rng, arrival_rng = rng.spawn(2)
+    return with_arrivals(synthetic_sessions(workload, content_rng),
+                         poisson_arrivals(num_sessions, rate_per_s, arrival_rng))
 
 
 def _sample_rounds(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[Round, ...]:

@@ -1,0 +1,38 @@
+"""The figures of a run from its session records: those arriving in the
+measurement window summarised, the verdict judged (any runtime: the simulator,
+or ``ampd replay`` against a live cluster)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ampd.measure.plan import MeasurePlan
+from ampd.measure.verdict import Stability, judge
+from ampd.metrics.records import SessionRecord
+from ampd.metrics.slo import SloScope, slo_attainment
+from ampd.metrics.summary import RunSummary, summarize
+
+
+def in_system_at_arrivals(records: Sequence[SessionRecord]) -> list[tuple[float, int]]:
+    """(arrival time s, sessions arrived and not finished then, this one included)
+    at every arrival; a session without ``done_s`` never finished."""
+    arrivals = np.sort([r.arrival_s for r in records])
+    done = np.sort([r.done_s for r in records if r.done_s is not None])
+    finished = np.searchsorted(done, arrivals, side="right")
+    return [(float(t), int(i + 1 - f)) for i, (t, f) in enumerate(zip(arrivals, finished))]
+
+
+def measure_window(records: Sequence[SessionRecord], plan: MeasurePlan, ttft_slo_s: float, itl_slo_s: float,
+                   scope: SloScope, stopped: str | None = None) -> tuple[RunSummary, Stability]:
+    """The summary of the sessions that arrived in ``plan``'s window, and the
+    stability verdict (``verdict.judge``); ``stopped`` says why the run ended
+    before its measured sessions all finished (None: they did)."""
+    start_s, end_s = plan.warmup_s, plan.warmup_s + plan.window_s
+    measured = [r for r in records if start_s <= r.arrival_s < end_s]
+    first_half = [r for r in measured if r.arrival_s < plan.half_s]
+    summary = summarize(measured, ttft_slo_s, itl_slo_s, scope, duration_s=plan.window_s)
+    stability = judge(summary.slo_attainment, slo_attainment(first_half, ttft_slo_s, itl_slo_s, scope),
+                      in_system_at_arrivals(records), start_s, end_s, stopped)
+    return summary, stability

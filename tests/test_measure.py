@@ -1,0 +1,146 @@
+"""Steady-state measurement (AMPD.md section 6; ``ampd.measure``): what counts, the
+verdict and the capacity search, on cases worked out by hand; an overloaded point
+found unstable; the same points on a local Ray cluster as on the process pool."""
+
+import math
+
+import pytest
+
+from ampd.config import RunConfig, override
+from ampd.core import Deployment, Round, Session
+from ampd.experiment import simulate
+from ampd.measure import STABLE, UNSTABLE, CapacitySearch, MeasurePlan, find_capacities, judge
+from ampd.measure.capacity import meets_slo
+from ampd.measure.plan import MIN_WINDOW_SESSIONS, measure_plan
+from ampd.measure.window import in_system_at_arrivals, measure_window
+from ampd.metrics.records import SessionRecord
+from ampd.metrics.slo import SloScope
+from ampd.metrics.summary import summarize
+from ampd.policy.reorder import Fcfs
+from ampd.policy.routing import AlwaysLocalRouter
+from ampd.runner import PointRunner
+from ampd.sim.cluster import SimCluster
+from ampd.sim.limits import RunLimits
+from ampd.sweep import resolve
+from stub_perf import StubPerf
+
+# One replica, every prefill local (stub: prefill 1 ms/token, decode step 20 ms).
+# s0 (t = 0, 5000 tokens): TTFT 5 s, misses a 1 s threshold. Window [10, 20): s1 at 10 and
+# s2 at 15 (100 tokens: TTFT 0.1 s) attain; s1 ends 10.12, s2 15.14 (two steps). s3 at 25
+# would miss (5 s again) but arrives after the window.
+SESSIONS = [Session("s0", 0.0, (Round(5000, 2),)), Session("s1", 10.0, (Round(100, 2),)),
+            Session("s2", 15.0, (Round(100, 3),)), Session("s3", 25.0, (Round(5000, 2),))]
+PLAN = MeasurePlan(warmup_s=10.0, window_s=10.0, drain_s=80.0, lifetime_s=1.0)
+
+
+def _cluster() -> SimCluster:
+    return SimCluster(Deployment.parse("D:<TP=1,DP=1>").workers(8), StubPerf(), AlwaysLocalRouter(), Fcfs())
+
+
+def test_only_sessions_arriving_in_the_window_count():
+    result = _cluster().run(SESSIONS, RunLimits(10.0, 20.0, 100.0, 100))
+    # the run ends when s2, the last measured session, ends: s3 never arrives
+    assert [s.session_id for s in result.sessions] == ["s0", "s1", "s2"]
+    assert result.end_s == pytest.approx(15.14) and result.stopped is None
+    summary, stability = measure_window(result.sessions, PLAN, 1.0, 0.05, SloScope.MEAN)
+    assert summary.num_sessions == 2 and summary.slo_attainment == 1.0
+    assert summary.goodput_sessions_per_s == pytest.approx(2 / 10.0)  # attaining sessions per window second
+    assert stability.verdict == STABLE and stability.attainment_half == 1.0  # s1 is the first half
+    # the same sessions counted whole: s0 and s3 miss, half attain
+    everything = _cluster().run(SESSIONS)
+    assert summarize(everything.sessions, 1.0, 0.05).slo_attainment == 0.5
+
+
+def test_a_run_that_cannot_drain_is_stopped_and_unstable():
+    # window [0, 20), drain 1 s: s0's 30 s prefill outlasts it, and s1, s2 queue behind it.
+    slow = [Session("s0", 0.0, (Round(30_000, 2),)), *SESSIONS[1:3]]
+    result = _cluster().run(slow, RunLimits(0.0, 20.0, 21.0, 100))
+    assert result.end_s <= 21.0 and "still running" in result.stopped
+    plan = MeasurePlan(warmup_s=0.0, window_s=20.0, drain_s=1.0, lifetime_s=1.0)
+    summary, stability = measure_window(result.sessions, plan, 1.0, 0.05, SloScope.MEAN, result.stopped)
+    assert summary.num_complete == 0 and stability.verdict == UNSTABLE
+
+
+def test_too_many_sessions_in_the_system_stops_the_run():
+    crowd = [Session(f"c{i}", 0.01 * i, (Round(5000, 2),)) for i in range(10)]
+    result = _cluster().run(crowd, RunLimits(0.0, 1.0, 100.0, 3))
+    assert len(result.sessions) == 4 and result.stopped.startswith("overloaded")
+
+
+def test_in_system_counts_at_each_arrival_by_hand():
+    a, b, c = SessionRecord("a", 0.0, 1), SessionRecord("b", 1.0, 1), SessionRecord("c", 3.0, 1)
+    a.done_s, b.done_s = 2.0, 5.0  # c never finishes
+    assert in_system_at_arrivals([a, b, c]) == [(0.0, 1), (1.0, 2), (3.0, 2)]
+
+
+def test_verdict_by_hand():
+    # window [0, 100): first quarter's samples 10, 10; last quarter's 30, 30; all five average 20:
+    # growth (30 - 10) / 20 = 100 %, or 20 / sqrt(20) = 4.5 Poisson sds: growing.
+    samples = [(0.0, 10), (10.0, 10), (50.0, 20), (80.0, 30), (90.0, 30)]
+    growing = judge(0.95, 0.95, samples, 0.0, 100.0, None)
+    assert growing.verdict == UNSTABLE and "grew 100 %" in growing.reason
+    assert growing.backlog_growth == pytest.approx(1.0)
+    # a two-session cluster going from 1 to 2 sessions grows 67 % but by 0.8 sd: noise
+    assert judge(0.95, 0.95, [(0.0, 1), (90.0, 2)], 0.0, 100.0, None).verdict == STABLE
+    # attainment: 2.0 points apart is still stable, 2.5 is not
+    assert judge(0.92, 0.90, [], 0.0, 100.0, None).verdict == STABLE
+    moving = judge(0.925, 0.90, [], 0.0, 100.0, None)
+    assert moving.verdict == UNSTABLE and "first half" in moving.reason
+
+
+def test_default_phases_scale_with_the_lifetime_and_the_rate():
+    # lifetime 30 s: warm-up 2 x 30; window max(10 x 30, 2000 / rate); drain max(10 x 30, window / 4)
+    slow = measure_plan(30.0, 1.0)
+    assert (slow.warmup_s, slow.window_s, slow.drain_s) == (60.0, MIN_WINDOW_SESSIONS / 1.0, 500.0)
+    fast = measure_plan(30.0, 100.0)
+    assert (fast.window_s, fast.drain_s) == (300.0, 300.0)
+    assert measure_plan(30.0, 1.0, warmup_s=5.0, window_s=50.0, drain_s=7.0).horizon_s == 62.0
+
+
+def test_capacity_search_brackets_the_crossing_by_hand():
+    # meets the SLO below 0.37 sessions/s only. From 1.0: 1.0 and 0.5 miss, 0.25 meets; then
+    # sqrt(0.25 x 0.5) = 0.354 meets, 0.420 misses, 0.386 misses, 0.369 meets: bracket
+    # [0.369, 0.386], within 5 %: seven runs, the capacity the last rate met.
+    def evaluate(batch):
+        return [{"slo_attainment": 1.0 if rate < 0.37 else 0.0, "verdict": STABLE} for _, rate in batch]
+    (search,) = searches = [CapacitySearch(1.0)]
+    find_capacities(searches, evaluate)
+    assert search.capacity_per_s <= 0.37 < search.high_per_s <= 1.05 * search.capacity_per_s
+    assert len(search.rows) == 7 and search.bounded
+    met = math.sqrt(0.25 * 0.5)
+    missed = math.sqrt(math.sqrt(met * 0.5) * met)
+    assert search.capacity_per_s == pytest.approx(math.sqrt(met * missed))
+    assert search.high_per_s == pytest.approx(missed)
+
+
+def test_an_unstable_point_never_meets_the_slo():
+    assert meets_slo({"slo_attainment": 0.95, "verdict": STABLE})
+    assert not meets_slo({"slo_attainment": 0.95, "verdict": UNSTABLE})
+    assert not meets_slo({"slo_attainment": 0.85, "verdict": STABLE})
+
+
+BASE = override(RunConfig(), system="pd-disagg", cluster={"deployment": "P:<TP=2,DP=2> D:<TP=4,DP=1>"},
+                workload={"name": "toolbench"})
+
+
+def test_an_overloaded_point_is_unstable_and_a_light_one_stable():
+    light = simulate(resolve(override(BASE, workload={"rate_per_s": 0.3})))
+    assert light.stability.verdict == STABLE
+    assert abs(light.summary.slo_attainment - light.stability.attainment_half) <= 0.02
+    assert light.summary.num_sessions >= MIN_WINDOW_SESSIONS * 0.9  # Poisson around 2,000
+    # three times what the even split can prefill: the queues grow for as long as the run lasts
+    heavy = simulate(resolve(override(BASE, workload={"rate_per_s": 3.0})))
+    assert heavy.stability.verdict == UNSTABLE and heavy.row()["verdict"] == UNSTABLE
+
+
+def test_a_steady_state_run_repeats_exactly_from_its_resolved_config():
+    config = resolve(override(BASE, workload={"rate_per_s": 0.5}, measure={"window_s": 300.0}))
+    assert config.measure.warmup_s is not None and config.measure.drain_s is not None
+    assert simulate(config).row() == simulate(config).row()
+
+
+def test_the_ray_path_gives_the_process_pools_rows():
+    configs = [resolve(override(BASE, workload={"rate_per_s": r}, measure={"window_s": 200.0})) for r in (0.3, 0.6)]
+    pool = PointRunner(2, progress=False)(configs)
+    on_ray = PointRunner(2, progress=False, ray_address="local")(configs)
+    assert on_ray == pool and len(pool) == 2
