@@ -144,3 +144,27 @@ def test_the_ray_path_gives_the_process_pools_rows():
     pool = PointRunner(2, progress=False)(configs)
     on_ray = PointRunner(2, progress=False, ray_address="local")(configs)
     assert on_ray == pool and len(pool) == 2
+
+
+def test_the_point_cache_digest_covers_every_module_a_point_runs():
+    # A cached row is reused while the digest is unchanged: every ampd module that
+    # ``simulate`` imports, directly or not, must be inside the digest.
+    import ast
+    from pathlib import Path
+
+    from ampd.runner import _POINT_CODE
+    root = Path(__file__).resolve().parent.parent / "src" / "ampd"
+    seen, todo = set(), ["experiment.py", "runner.py"]
+    while todo:
+        rel = todo.pop()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        for node in ast.walk(ast.parse((root / rel).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ampd."):
+                parts = node.module.split(".")[1:]
+                target = root.joinpath(*parts)
+                todo.append(str((target / "__init__.py" if target.is_dir() else target.with_suffix(".py"))
+                                .relative_to(root)))
+    outside = sorted(rel for rel in seen if rel.split("/")[0] not in _POINT_CODE)
+    assert outside == [], outside

@@ -32,13 +32,22 @@ def _point(config_data: dict) -> dict:
     return simulate(RunConfig.model_validate(config_data)).row()
 
 
+# What a point's row depends on: ``simulate`` and everything it imports (not the CLI,
+# serving, the planner or the reports, which change no simulation).
+_POINT_CODE = ("core", "perf", "policy", "workload", "metrics", "sim", "measure", "config.py", "experiment.py",
+               "slo_rule.py", "runner.py")
+
+
 @functools.cache
 def _code_digest() -> str:
-    """A digest of the package's sources: a cached point is reused only by the code
-    that produced it."""
+    """A digest of the sources a point's row depends on (``_POINT_CODE``): a cached
+    point is reused only by code that would produce it again."""
+    root = Path(__file__).resolve().parent
     sha = hashlib.sha256()
-    for path in sorted(Path(__file__).resolve().parent.rglob("*.py")):
-        sha.update(path.read_bytes())
+    for name in _POINT_CODE:
+        for path in sorted((root / name).rglob("*.py")) if (root / name).is_dir() else [root / name]:
+            sha.update(str(path.relative_to(root)).encode())
+            sha.update(path.read_bytes())
     return sha.hexdigest()
 
 

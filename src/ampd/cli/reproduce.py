@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from ampd.cli.options import output_dir, positive_int
 from ampd.reproduce import grid
-from ampd.reproduce.report import write
+from ampd.core.errors import InputError
+from ampd.reproduce.report import best_rows, write
 from ampd.reproduce.run import (
     ablation_entries, grid_entries, prepare, run_capacities, run_points, run_sensitivity, search_best)
 from ampd.runner import PointRunner
@@ -14,6 +17,9 @@ from ampd.runner import PointRunner
 
 def cmd_reproduce(args: argparse.Namespace) -> None:
     out_dir = output_dir(args, "out/reproduce")
+    if args.redraw:
+        _redraw(out_dir)
+        return
     run = PointRunner(args.jobs, not args.quiet, out_dir / "points", args.ray)
     print("finding each cell's reference capacity (plain PD disaggregation, even split)")
     cells = prepare(grid.cells(args.quick), run)
@@ -31,15 +37,29 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
                                "met_slo": p.reference_met_slo} for p in cells],
                "grid": grid_rows, "capacities": capacities, "ablation": ablation_rows,
                "ablation_capacities": run_capacities(ablation, ablation_rows, run),
-               "sensitivity": run_sensitivity(cells, best, run, args.quick), "best": best}
-    tables = write(out_dir, args.quick, results)
+               "sensitivity": run_sensitivity(cells, best, run, args.quick), "best_deployments": best_rows(best)}
+    _print_gains(write(out_dir, args.quick, results))
+    print(f"results in {out_dir}/ (results.json, tables.md, attainment_grid.png, capacity.png, "
+          f"latency_breakdown.png, ablation.png, sensitivity.png; points/ caches every simulation)")
+
+
+def _redraw(out_dir: Path) -> None:
+    """Tables and figures again from ``results.json``, without simulating."""
+    path = out_dir / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise InputError(f"{path}: cannot read a reproduce run's results ({err}); run ampd reproduce first") from None
+    _print_gains(write(out_dir, results["quick"], results))
+    print(f"tables and figures redrawn in {out_dir}/")
+
+
+def _print_gains(tables: dict) -> None:
     for g in tables["capacity_gains"]:
         if g["system"].removesuffix(grid.PLANNED) in ("ampd", "ampd-predictive"):
             print(f"{g['system']} over {g['baseline']}: capacity {g['mean_capacity_gain_pct']:+.1f} % on average "
                   f"({g['min_capacity_gain_pct']:+.1f} to {g['max_capacity_gain_pct']:+.1f} % over "
                   f"{g['num_cells']} cells)")
-    print(f"results in {out_dir}/ (results.json, tables.md, attainment_grid.png, capacity.png, "
-          f"latency_breakdown.png, ablation.png, sensitivity.png; points/ caches every simulation)")
 
 
 def register(sub) -> None:
@@ -52,5 +72,7 @@ def register(sub) -> None:
     p.add_argument("--ray", metavar="ADDRESS", help="run the simulations on a Ray cluster (auto, "
                                                      "ray://host:port, or local); pip install 'ampd[ray]'")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--redraw", action="store_true", help="only redraw the tables and figures from the folder's "
+                                                         "results.json (no simulation)")
     p.add_argument("--out", help="results folder (default: out/reproduce/)")
     p.set_defaults(func=cmd_reproduce)

@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from ampd.measure import STABLE
+from ampd.measure.capacity import meets_slo
 
 PAPER_GAIN = {"pd-disagg": (67.29, 967.54), "vllm": (339.74, 3435.1)}  # mean, max % (AMPD.md section 4)
 PAPER_LOCAL_SHARE = {"dureader": 31.7, "gaia": 31.3, "hotpotqa": 15.5, "toolbench": 13.9}  # % (section 3.1)
@@ -115,6 +116,23 @@ def mean_attainment(rows: Sequence[dict], *keys: str) -> list[dict]:
         stable = _stable(group)
         out.append({**dict(zip(keys, key)), "attainment_pct": 100 * _mean([r["slo_attainment"] for r in stable]),
                     "num_points": len(stable), "unstable_points": len(group) - len(stable)})
+    return out
+
+
+def sensitivity(rows: Sequence[dict]) -> list[dict]:
+    """Per (knob, value): the cells whose run meets the SLO in steady state
+    (``meets_slo``: stable and >= 90 %), and the mean attainment over the cells
+    where every value of that knob ran stable (the same cells for each value,
+    so the means compare), with how many cells that is."""
+    out = []
+    for (knob,), group in _by(rows, "knob").items():
+        by_cell = _by(group, "cell")
+        common = {cell for (cell,), runs in by_cell.items() if all(r["verdict"] == STABLE for r in runs)}
+        for (value,), runs in _by(group, "value").items():
+            kept = [r for r in runs if r["cell"] in common]
+            out.append({"knob": knob, "value": value, "cells_meeting_slo": sum(meets_slo(r) for r in runs),
+                        "attainment_pct": 100 * _mean([r["slo_attainment"] for r in kept]),
+                        "common_stable_cells": len(kept), "num_cells": len(runs)})
     return out
 
 

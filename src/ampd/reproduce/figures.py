@@ -114,8 +114,8 @@ def bars(table: Sequence[dict], label: str, columns: Sequence[str], path: Path, 
 
 
 def sensitivity(table: Sequence[dict], path: Path) -> None:
-    """Mean attainment (stable cells) against each knob's value, one panel per knob;
-    ticks at the values tried."""
+    """Mean attainment (over the cells stable at every value of the knob) against
+    each knob's value, one panel per knob; ticks at the values tried."""
     knobs = list(dict.fromkeys(r["knob"] for r in table))
     fig, axes = plt.subplots(1, len(knobs), figsize=(4 * len(knobs), 3.4), squeeze=False)
     for ax, knob in zip(axes[0], knobs):
@@ -126,5 +126,6 @@ def sensitivity(table: Sequence[dict], path: Path) -> None:
         ax.set_ylabel("mean SLO attainment %")
         ax.set_ylim(0, 100)
         ax.grid(alpha=0.3)
-    fig.suptitle("AMPD's sensitivity to w, alpha and beta (at the reference capacity, stable cells)", fontsize=10)
+    fig.suptitle("AMPD's sensitivity to w, alpha and beta (at the reference capacity; cells stable at every value)",
+                 fontsize=10)
     _save(fig, path)

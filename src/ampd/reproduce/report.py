@@ -27,8 +27,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 def summarize(results: dict) -> dict:
     """Every table of RESULTS.md, computed from the rows of ``results`` (``grid``,
-    ``capacities``, ``ablation``, ``ablation_capacities``, ``sensitivity``) and its
-    ``best`` deployments and ``references``."""
+    ``capacities``, ``ablation``, ``ablation_capacities``, ``sensitivity``,
+    ``best_deployments``, ``references``): what ``results.json`` holds."""
     grid_rows, capacities = results["grid"], results["capacities"]
     labels = list(dict.fromkeys(r["system"] for r in grid_rows))
     baselines = [s for s in labels if not SYSTEMS[s.removesuffix(grid.PLANNED)].adaptive]
@@ -43,16 +43,20 @@ def summarize(results: dict) -> dict:
         "breakdown": analysis.breakdown(grid_rows, grid.SEARCH_FRACTION),
         "ablation": analysis.mean_capacity(results["ablation_capacities"]),
         "ablation_attainment": analysis.mean_attainment(results["ablation"], "system"),
-        "sensitivity": analysis.mean_attainment(results["sensitivity"], "knob", "value"),
-        "best_deployments": [{"cell": c, "system": s, "deployment": str(d), "chosen_by": how}
-                             for (c, s), (d, how) in results["best"].items()],
+        "sensitivity": analysis.sensitivity(results["sensitivity"]),
+        "best_deployments": results["best_deployments"],
     }
+
+
+def best_rows(best: dict) -> list[dict]:
+    """``run.search_best``'s choices as rows (cell, system, deployment, chosen_by)."""
+    return [{"cell": c, "system": s, "deployment": str(d), "chosen_by": how} for (c, s), (d, how) in best.items()]
 
 
 def write(out_dir: Path, quick: bool, results: dict) -> dict:
     """Write results.json (rows and tables), the PNG figures and tables.md."""
     tables = summarize(results)
-    rows = {k: v for k, v in results.items() if k != "best"}
+    rows = {k: v for k, v in results.items() if k not in ("tables", "quick")}
     write_json(out_dir / "results.json", {"quick": quick, "tables": tables, **rows})
     figures.attainment_grid(results["grid"], results["capacities"], out_dir / "attainment_grid.png")
     figures.capacity_bars(results["capacities"], out_dir / "capacity.png")
