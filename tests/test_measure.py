@@ -113,6 +113,17 @@ def test_capacity_search_brackets_the_crossing_by_hand():
     assert search.high_per_s == pytest.approx(missed)
 
 
+def test_a_rate_that_meets_the_slo_above_one_that_did_not_is_not_the_capacity():
+    search = CapacitySearch(0.02)
+    search.record(0.02, {"slo_attainment": 0.95, "verdict": STABLE})
+    search.record(0.005, {"slo_attainment": 0.95, "verdict": UNSTABLE})
+    # the capacity lies below the lowest miss: search down from there
+    assert search.low_per_s is None and search.next_rate() == pytest.approx(0.0025)
+    search.record(0.0025, {"slo_attainment": 0.95, "verdict": STABLE})
+    assert (search.low_per_s, search.high_per_s) == (0.0025, 0.005)
+    assert search.next_rate() == pytest.approx(math.sqrt(0.0025 * 0.005))
+
+
 def test_an_unstable_point_never_meets_the_slo():
     assert meets_slo({"slo_attainment": 0.95, "verdict": STABLE})
     assert not meets_slo({"slo_attainment": 0.95, "verdict": UNSTABLE})

@@ -200,12 +200,15 @@ class RunConfig(_Strict):
 
 class SweepWorkload(_Strict):
     """One workload of a sweep and the rates to run it at; ``arrivals`` and
-    ``num_sessions`` override the base configuration's for this workload."""
+    ``num_sessions`` override the base configuration's for this workload, and
+    ``capacity_attainment`` the sweep's (a workload whose attainment cannot reach
+    the sweep's target at any rate, say)."""
 
     workload: str
     rates_per_s: list[float] = Field(min_length=1)
     arrivals: Literal["poisson", "recorded"] | None = None
     num_sessions: int | None = Field(None, ge=1)
+    capacity_attainment: float | None = Field(None, gt=0, le=1)
 
     @model_validator(mode="after")
     def _positive_rates(self) -> "SweepWorkload":

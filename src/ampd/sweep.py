@@ -84,18 +84,19 @@ def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
 
 def search_capacities(bases: Sequence[RunConfig], seeds: Sequence[Sequence[dict]], run: PointRunner,
                       starts_per_s: Sequence[float] | None = None,
-                      target: float = CAPACITY_ATTAINMENT) -> list[CapacitySearch]:
+                      targets: Sequence[float] | None = None) -> list[CapacitySearch]:
     """The capacity search (``ampd.measure.capacity``) of each base configuration
     (its rate is replaced), all stepping together through ``run``. Each search is
     seeded with rows already run for that configuration (``rate_per_s``,
     ``slo_attainment``, ``verdict``), so it starts from their bracket; one without
-    seeds starts at ``starts_per_s`` (default: the base's rate). ``target``: the
-    attainment a rate must keep (90 %, AMPD.md section 6, unless a sweep says). A base's
+    seeds starts at ``starts_per_s`` (default: the base's rate). ``targets``: the
+    attainment a rate must keep, per base (default 90 %, AMPD.md section 6). A base's
     ``measure`` section must hold only what the user set (not ``resolve_measure``'s
     output), so every rate gets its own window."""
     searches = []
     for i, (base, rows) in enumerate(zip(bases, seeds, strict=True)):
-        search = CapacitySearch(starts_per_s[i] if starts_per_s is not None else base.workload.rate_per_s, target)
+        search = CapacitySearch(starts_per_s[i] if starts_per_s is not None else base.workload.rate_per_s,
+                                targets[i] if targets is not None else CAPACITY_ATTAINMENT)
         for row in rows:
             search.record(row["rate_per_s"], row)
         searches.append(search)
@@ -115,11 +116,11 @@ def capacity_row(base: RunConfig, search: CapacitySearch) -> dict:
             "bounded": search.bounded, "num_runs": len(search.rows)}
 
 
-def sweep_capacities(configs: Sequence[RunConfig], rows: Sequence[dict], run: PointRunner,
-                     target: float = CAPACITY_ATTAINMENT) -> list[dict]:
-    """The capacity of every (workload, system) of a swept ``configs``
-    (``capacity_row``), each search seeded with the sweep's points at that
-    workload and system.
+def sweep_capacities(sweep: SweepConfig, configs: Sequence[RunConfig], rows: Sequence[dict],
+                     run: PointRunner) -> list[dict]:
+    """The capacity of every (workload, system) of a swept ``configs`` (``capacity_row``;
+    the attainment it keeps: the workload's ``capacity_attainment``, else the
+    sweep's), each search seeded with the sweep's points at that workload and system.
 
     Raises:
         InputError: the sweep's runs are transients (``workload.num_sessions``):
@@ -131,6 +132,8 @@ def sweep_capacities(configs: Sequence[RunConfig], rows: Sequence[dict], run: Po
     for i, c in enumerate(configs):
         groups.setdefault((c.workload.label, c.system), []).append(i)
     bases = [configs[indices[0]] for indices in groups.values()]
+    targets = {workload_source(w.workload).get("name") or w.workload: w.capacity_attainment or sweep.capacity_attainment
+               for w in sweep.workloads}
     searches = search_capacities(bases, [[rows[i] for i in indices] for indices in groups.values()], run,
-                                 target=target)
+                                 targets=[targets[b.workload.label] for b in bases])
     return [capacity_row(b, s) for b, s in zip(bases, searches)]

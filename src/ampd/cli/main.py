@@ -92,7 +92,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     configs = plan_sweep(base, sweep)
     run = PointRunner(args.jobs, not args.quiet, ray_address=args.ray)
     rows = run(configs)
-    capacities = sweep_capacities(configs, rows, run, sweep.capacity_attainment) if sweep.capacity else []
+    capacities = sweep_capacities(sweep, configs, rows, run) if sweep.capacity else []
     c = base.cluster
     title = f"{c.model} on {c.num_gpus} x {c.gpu}; {_thresholds(rows)}"
     print_table(summary_table(f"{title}; deployments: {_deployments(rows)}", rows))
@@ -100,8 +100,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     print("transient runs (fixed session counts): figures change with --num-sessions" if transient else
           "steady-state runs; 'unstable' = overloaded (attainment still moving with the run's length)")
     if capacities:
-        print_table(capacity_table(f"capacity: highest rate with >= {100 * sweep.capacity_attainment:g} % SLO "
-                                   f"attainment in steady state", capacities))
+        print_table(capacity_table("capacity: highest rate whose SLO attainment in steady state stays >= target",
+                                   capacities))
     write_json(out_dir / "sweep.json", {"rows": rows, "capacities": capacities,
                                         "configs": [resolve_measure(x).model_dump(mode="json") for x in configs]})
     write_csv(out_dir / "sweep.csv", rows)

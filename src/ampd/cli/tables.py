@@ -49,13 +49,13 @@ def capacity_table(title: str, rows: Sequence[dict]) -> Table:
     """One row per (workload, system): its capacity (sessions/s and per GPU) and
     the lowest rate measured not to meet the SLO."""
     table = Table(title=title)
-    for name in ("workload", "system", "deployment", "capacity (sessions/s)", "per GPU", "misses SLO at"):
+    for name in ("workload", "system", "deployment", "target", "capacity (sessions/s)", "per GPU", "misses SLO at"):
         table.add_column(name, justify="left" if name in ("workload", "system", "deployment") else "right")
     for r in rows:
         above = "-" if r["above_per_s"] is None else f"{r['above_per_s']:.4g}"
         capacity = f"{r['capacity_per_s']:.4g}" if r["capacity_per_s"] else "none found"
-        table.add_row(str(r["workload"]), r["system"], r["deployment"], capacity, f"{r['capacity_per_gpu']:.3g}",
-                      above)
+        table.add_row(str(r["workload"]), r["system"], r["deployment"], f"{100 * r['target_attainment']:g} %", capacity,
+                      f"{r['capacity_per_gpu']:.3g}", above)
     return table
 
 

@@ -7,8 +7,11 @@ or doubles until it has a rate that meets the SLO and one that does not, then
 bisects geometrically until the two are within ``RELATIVE_PRECISION`` of each
 other. Attainment falls as the rate grows (more load never helps a session), so
 the bracket holds the capacity. The capacity reported is the lower end: a rate
-measured to meet the SLO. Many searches step together, so each step's runs
-are evaluated as one batch (in parallel).
+measured to meet the SLO. Should a rate meet the SLO above one that did not
+(noise near the edge), the bracket is the lowest rate that missed and the
+highest rate below it that met: the capacity is where the system first stops
+meeting its SLO. Many searches step together, so each step's runs are
+evaluated as one batch (in parallel).
 """
 
 from __future__ import annotations
@@ -37,16 +40,25 @@ class CapacitySearch:
     Attributes:
         start_per_s: the first rate tried.
         target: the attainment a rate must keep (``CAPACITY_ATTAINMENT``).
-        low_per_s: highest rate measured to meet the SLO (None: none yet).
-        high_per_s: lowest rate measured not to (None: none yet).
         rows: every run of the search, in order.
     """
 
     start_per_s: float
     target: float = CAPACITY_ATTAINMENT
-    low_per_s: float | None = None
-    high_per_s: float | None = None
     rows: list[dict] = field(default_factory=list)
+    _met: list[float] = field(default_factory=list)
+    _missed: list[float] = field(default_factory=list)
+
+    @property
+    def high_per_s(self) -> float | None:
+        """Lowest rate measured not to meet the SLO (None: none yet)."""
+        return min(self._missed, default=None)
+
+    @property
+    def low_per_s(self) -> float | None:
+        """Highest rate measured to meet the SLO below ``high_per_s`` (None: none yet)."""
+        high = self.high_per_s
+        return max((r for r in self._met if high is None or r < high), default=None)
 
     @property
     def capacity_per_s(self) -> float:
@@ -74,10 +86,7 @@ class CapacitySearch:
     def record(self, rate_per_s: float, row: dict) -> None:
         """One run at ``rate_per_s`` finished with ``row``."""
         self.rows.append(row)
-        if meets_slo(row, self.target):
-            self.low_per_s = max(rate_per_s, self.low_per_s or 0.0)
-        else:
-            self.high_per_s = min(rate_per_s, self.high_per_s or math.inf)
+        (self._met if meets_slo(row, self.target) else self._missed).append(rate_per_s)
 
 
 def find_capacities(searches: Sequence[CapacitySearch],

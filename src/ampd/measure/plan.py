@@ -25,11 +25,14 @@ unloaded session lifetime ``L`` (``unloaded_lifetime_s``), every factor
   long after the window means the queues did not clear. A stable run ends as
   soon as its last measured session finishes, so a generous limit costs only
   the runs that hit it.
-- overload stop: more than ``OVERLOAD_FACTOR`` x rate x L sessions in the system
-  at once means (Little's law) sessions live five times their unloaded lifetime
-  on average, while a session within its SLO lives little longer than unloaded
-  (above). Growing or not, that cluster is overloaded: the run stops there (it
-  would only spend time on a point no figure uses) and is unstable.
+- overload stop: more than ``OVERLOAD_FACTOR`` x rate x L + ``OVERLOAD_MARGIN``
+  sessions in the system at once means (Little's law) sessions live about five
+  times their unloaded lifetime on average, while a session within its SLO lives
+  little longer than unloaded (above). Growing or not, that cluster is
+  overloaded: the run stops there (it would only spend time on a point no figure
+  uses) and is unstable. The margin keeps the count's own fluctuation at light
+  load (a handful of sessions in the system, some living far longer than the
+  mean) from reading as overload.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ MIN_WINDOW_SESSIONS = 2000
 DRAIN_LIFETIMES = 10.0
 DRAIN_WINDOW_SHARE = 0.25
 OVERLOAD_FACTOR = 5.0
+OVERLOAD_MARGIN = 50
 
 
 def unloaded_lifetime_s(perf: PerfModel, sessions: Sequence[Session], tp: int) -> float:
@@ -103,7 +107,7 @@ class MeasurePlan:
     def limits(self, rate_per_s: float) -> RunLimits:
         """The simulator's stop rules at ``rate_per_s``."""
         return RunLimits(self.warmup_s, self.warmup_s + self.window_s, self.horizon_s,
-                         max(1, math.ceil(OVERLOAD_FACTOR * rate_per_s * self.lifetime_s)))
+                         math.ceil(OVERLOAD_FACTOR * rate_per_s * self.lifetime_s) + OVERLOAD_MARGIN)
 
 
 def measure_plan(lifetime_s: float, rate_per_s: float, warmup_s: float | None = None,

@@ -1,0 +1,47 @@
+"""Cost of ``ampd reproduce`` (issue: full grid under 60 minutes, ``--quick`` under 5,
+on the 2-core development machine): wall time of ``--quick`` into a fresh folder,
+and with ``--full`` also of the full grid into ``out/reproduce`` (the run
+docs/RESULTS.md quotes), each with its number of simulations.
+
+Run: ``python bench/bench_reproduce.py [--full]`` -> ``bench/results/reproduce.json``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_result  # noqa: E402
+
+from ampd.cli.main import main as ampd  # noqa: E402
+
+FULL_OUT = Path(__file__).resolve().parent.parent / "out" / "reproduce"
+
+
+def _timed(args: list[str], out: Path) -> dict:
+    start = time.perf_counter()
+    if ampd(["reproduce", "--quiet", "--out", str(out), *args]) != 0:
+        raise SystemExit(f"ampd reproduce {' '.join(args)} failed")
+    wall_s = time.perf_counter() - start
+    figures = {"wall_s": wall_s, "wall_min": wall_s / 60, "simulations": len(list((out / "points").iterdir()))}
+    print(f"reproduce {' '.join(args) or '(full)'}: {figures['simulations']} simulations in {wall_s / 60:.1f} min")
+    return figures
+
+
+def main() -> None:
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        runs["quick"] = _timed(["--quick"], Path(tmp))
+    if "--full" in sys.argv:
+        shutil.rmtree(FULL_OUT, ignore_errors=True)
+        runs["full"] = _timed([], FULL_OUT)
+    write_result("reproduce", {"runs": runs, "targets_min": {"quick": 5, "full": 60}})
+
+
+if __name__ == "__main__":
+    main()
