@@ -88,6 +88,10 @@ def _markdown(cells: list[dict]) -> str:
              "| same #1 | same top-3 set | same order | Spearman | regret |", "|" + "---|" * 11]
     for c in cells:
         for system, s in c["systems"].items():
+            if not s["comparable"]:
+                lines.append(f"| {c['model']} | {c['workload']} ({c['num_gpus']}) | {c['rate_per_s']:.3g} | {system} "
+                             f"| no plan stable at this rate | | | | | | |")
+                continue
             attain = {r["deployment"]: attainment_text(r) for r in s["rows"]}
             planned = "; ".join(f"{d} ({attain[d]})" for d in s["planned_top"])
             simulated = "; ".join(f"{d} ({attain[d]})" for d in s["simulated_top"])
@@ -101,12 +105,13 @@ def _markdown(cells: list[dict]) -> str:
 def _summary(cells: list[dict]) -> dict:
     summary = {}
     for system in SYSTEMS:
-        runs = [c["systems"][system] for c in cells]
+        runs = [c["systems"][system] for c in cells if c["systems"][system]["comparable"]]
         summary[system] = {key: sum(r[key] for r in runs) for key in ("same_best", "same_top_set", "same_top_order")}
         rhos = [r["spearman"] for r in runs if r["spearman"] is not None and r["spearman"] == r["spearman"]]
         summary[system]["mean_spearman"] = sum(rhos) / len(rhos) if rhos else None
-        summary[system]["mean_regret_pp"] = 100 * sum(r["attainment_regret"] for r in runs) / len(runs)
+        summary[system]["mean_regret_pp"] = 100 * sum(r["attainment_regret"] for r in runs) / len(runs) if runs else None
         summary[system]["cells"] = len(runs)
+        summary[system]["cells_without_a_stable_plan"] = len(cells) - len(runs)
     return summary
 
 

@@ -63,10 +63,43 @@ rates_per_s = [0.1]
     (["simulate", "--config", "/nonexistent.toml"], "/nonexistent.toml: no such configuration file"),
     (["sweep"], "give --rates"),
     (["simulate", "--workload", "builtin:trtllm-swebench", "--num-sessions", "3"], "holds 2 sessions"),
+    (["simulate", "--drain-s", "1"], "measure.drain_s"),
+    (["simulate", "--window-s", "1e12"], "sessions"),
+    (["simulate", "--rate", "1e6"], "sessions"),
+    (["simulate", "--num-sessions", "20", "--window-s", "300"], "measure.window_s applies to steady-state runs"),
+    (["simulate", "--arrivals", "recorded"], "needs a trace"),
+    (["sweep", "--rates", "0.5", "--capacity", "--num-sessions", "20"], "capacity needs steady-state runs"),
+    (["sweep", "--rates", "0.5", "--capacity", "--window-s", "100"], "transient"),
+    (["sweep", "--rates", "0.5", "--ray", "bogus", "--deployment", "P:<TP=2,DP=2> D:<TP=4,DP=1>"], "--ray 'bogus'"),
+    (["sweep", "--rates", "0.5", "--systems", "pd-disagg,vllm", "--deployment", "P:<TP=2,DP=2> D:<TP=4,DP=1>"],
+     "colocated replicas only"),
+    (["reproduce", "--redraw"], "results.json"),
 ])
 def test_bad_input_exits_2_with_a_named_reason(argv, message, capsys, tmp_path):
     assert main(argv + ["--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_rate_that_is_not_a_finite_number_is_an_argument_error(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["sweep", "--rates", "0.5,nan"])
+    assert err.value.code == 2 and "finite positive" in capsys.readouterr().err
+
+
+def test_a_short_window_is_a_transient_not_a_steady_state(capsys, tmp_path):
+    argv = ["simulate", "--window-s", "20", "--deployment", "P:<TP=2,DP=2> D:<TP=4,DP=1>", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(transient)" in out and "too short for a steady-state verdict" in out
+    assert json.loads((tmp_path / "summary.json").read_text())["verdict"] == "transient"
+
+
+def test_config_values_of_the_wrong_type_are_refused_not_coerced(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[measure]\ndrain_s = true\nwindow_s = '200'\n")
+    with pytest.raises(Exception) as err:
+        load_config(bad)
+    assert "measure.drain_s" in str(err.value) and "measure.window_s" in str(err.value)
 
 
 def test_config_file_field_errors_name_file_and_field(tmp_path):

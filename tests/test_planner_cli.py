@@ -43,14 +43,30 @@ def test_milp_gives_the_same_plans_as_scip(tmp_path):
 
 
 def test_simulate_ranks_the_top_plans_and_a_sample(tmp_path, capsys):
-    _run(SMALL + ["--out", str(tmp_path), "--simulate", "--sample", "2", "--jobs", "1", "--system", "pd-disagg"])
+    # steady-state runs at half the load: the planner's top 3 carry it; stable plans get ranks
+    # 1..k, the others (a sample plan may be overloaded) share rank k + 1
+    steady = ["--workload", "toolbench", "--rate", "0.5"]
+    _run(steady + ["--out", str(tmp_path), "--simulate", "--sample", "2", "--jobs", "1", "--system", "pd-disagg"])
     result = _plans(tmp_path)
     rows = result["simulated"]
     assert len(rows) == 5 and result["local_share"] == 0.0
-    assert sorted(r["planned_rank"] for r in rows) == sorted(r["simulated_rank"] for r in rows) == [1, 2, 3, 4, 5]
+    assert all(r["verdict"] == "stable" for r in rows[:3])
+    stable = sorted(r["simulated_rank"] for r in rows if r["verdict"] == "stable")
+    assert stable == list(range(1, len(stable) + 1))
+    assert all(r["simulated_rank"] == len(stable) + 1 for r in rows if r["verdict"] != "stable")
+    assert sorted(r["planned_rank"] for r in rows) == [1, 2, 3, 4, 5]
     assert [r["deployment"] for r in rows[:3]] == [p["deployment"] for p in result["plans"]]
+    assert result["agreement"]["comparable"]
     assert set(result["agreement"]) >= {"same_best", "same_top_set", "spearman", "attainment_regret"}
     assert "planned vs simulated" in capsys.readouterr().out
+
+
+def test_transient_runs_rank_nothing(tmp_path, capsys):
+    _run(SMALL + ["--out", str(tmp_path), "--simulate", "--sample", "1", "--jobs", "1", "--system", "pd-disagg"])
+    result = _plans(tmp_path)
+    assert {r["simulated_rank"] for r in result["simulated"]} == {1}  # all tied: none is a steady state
+    assert not result["agreement"]["comparable"] and result["agreement"]["spearman"] is None
+    assert "nothing ranks them" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -67,7 +67,8 @@ def test_tiny_reproduce_end_to_end_and_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(grid, "WORKLOADS", {"toolbench": 8})
     monkeypatch.setattr(grid, "QUICK_DISAGGREGATED", ("ampd", "pd-disagg"))
     monkeypatch.setattr(grid, "QUICK_COLOCATED", ("vllm",))
-    monkeypatch.setattr("ampd.measure.plan.MIN_WINDOW_SESSIONS", 300)  # in-process (--jobs 1): shorter runs
+    monkeypatch.setattr("ampd.measure.plan.MIN_WINDOW_SESSIONS", 300)  # in-process (--jobs 1): shorter runs,
+    monkeypatch.setattr("ampd.measure.window.MIN_VERDICT_SESSIONS", 150)  # still judged
     monkeypatch.setattr(grid, "QUICK_KNOBS", {"reorder_window": (2, 3), "alpha": (0.9,), "beta": (0.85,)})
     argv = ["reproduce", "--quick", "--jobs", "1", "--quiet", "--out", str(tmp_path)]
     assert main(argv) == 0

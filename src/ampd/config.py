@@ -19,7 +19,10 @@ from ampd.workload import FORMATS
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    """No unknown fields, no NaN or infinity, and no coercion between types (a TOML
+    ``true`` is not a number, ``"200"`` is not a float; an int is a float)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 class ClusterConfig(_Strict):
@@ -45,7 +48,7 @@ class SloConfig(_Strict):
 
     ttft_s: float | None = Field(None, gt=0)
     itl_s: float | None = Field(None, gt=0)
-    scope: SloScope = SloScope.MEAN
+    scope: SloScope = Field(SloScope.MEAN, strict=False)  # its name, "mean" or "strict"
 
 
 class PolicyConfig(_Strict):
@@ -97,6 +100,8 @@ class WorkloadConfig(_Strict):
             raise ValueError("workload.trace_format applies to workload.trace only")
         if self.trace_format is not None and self.trace_format not in FORMATS:
             raise ValueError(f"unknown trace_format {self.trace_format!r}; known: {', '.join(FORMATS)}")
+        if self.arrivals == "recorded" and self.trace is None:
+            raise ValueError("workload.arrivals 'recorded' needs a trace (a synthetic workload has no recorded times)")
         return self
 
     @property
@@ -196,6 +201,14 @@ class RunConfig(_Strict):
     workload: WorkloadConfig = WorkloadConfig()
     measure: MeasureConfig = MeasureConfig()
     serve: ServeConfig = ServeConfig()
+
+    @model_validator(mode="after")
+    def _measure_needs_a_steady_run(self) -> "RunConfig":
+        set_fields = [k for k, v in self.measure.model_dump().items() if v is not None]
+        if self.workload.num_sessions is not None and set_fields:
+            raise ValueError(f"measure.{set_fields[0]} applies to steady-state runs; a run of workload.num_sessions "
+                             f"sessions has no warm-up or window: drop one of them")
+        return self
 
 
 class SweepWorkload(_Strict):

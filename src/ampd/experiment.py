@@ -210,24 +210,49 @@ def _check_roles(system: System, specs: tuple[WorkerSpec, ...], deployment: str)
                          f"e.g. 'D:<TP=4,DP=2>', not {deployment!r}")
 
 
-def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOutput:
-    """Run ``config`` through the simulator (on ``sessions`` instead of the
-    configured ones when given).
+def check_runnable(config: RunConfig) -> tuple[WorkerSpec, ...]:
+    """The deployment's workers, once everything a run needs before it starts is
+    checked: a resolved deployment that packs into the cluster, the roles the
+    system needs, weights that fit every replica, and (a trace) every session's
+    KV within the largest decode replica, so a sweep fails before its first point
+    rather than in the middle.
 
     Raises:
-        InputError: unknown system, model or GPU; an infeasible deployment; a
-            system that needs prefill workers given none.
+        InputError: naming what does not fit.
     """
     system = get_system(config.system)
-    perf = perf_model_for(config)
-    plan = measure_for(config, perf)
-    sessions = sessions if sessions is not None else sessions_for(config, plan)
-    slo = slo_for(config, perf)
     if config.cluster.deployment == "auto":
         raise InputError("cluster.deployment 'auto' must be resolved before simulating "
                          "(ampd.planning.resolve_deployment; the CLI does it)")
     specs = Deployment.parse(config.cluster.deployment).workers(config.cluster.num_gpus, config.cluster.gpus_per_server)
     _check_roles(system, specs, config.cluster.deployment)
+    perf = perf_model_for(config)
+    for spec in specs:
+        if perf.kv_capacity_tokens(spec.tp) <= 0:
+            raise InputError(f"worker {spec.worker_id} ({spec.role.value}, TP={spec.tp}): the model's weights do not "
+                             f"fit in {spec.tp} GPU(s) with room for KV cache")
+    if config.workload.trace is not None:
+        largest = max(perf.kv_capacity_tokens(s.tp) for s in specs if s.role is Role.DECODE)
+        too_big = next((s for s in _trace(config) if s.total_tokens > largest), None)
+        if too_big is not None:
+            raise InputError(f"workload.trace {config.workload.trace}: session {too_big.session_id}'s KV reaches "
+                             f"{too_big.total_tokens} tokens, the largest decode replica holds {largest}")
+    return specs
+
+
+def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOutput:
+    """Run ``config`` through the simulator (on ``sessions`` instead of the
+    configured ones when given).
+
+    Raises:
+        InputError: as ``check_runnable``; unknown system, model or GPU.
+    """
+    system = get_system(config.system)
+    specs = check_runnable(config)
+    perf = perf_model_for(config)
+    plan = measure_for(config, perf)
+    sessions = sessions if sessions is not None else sessions_for(config, plan)
+    slo = slo_for(config, perf)
     p = config.policy
     knobs = Knobs(p.alpha, p.beta, p.reorder_window)
     router = system.make_router(perf, slo, knobs, random.Random(config.seed))

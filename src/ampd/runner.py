@@ -113,10 +113,14 @@ class PointRunner:
         return self.cache_dir / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.json"
 
     def _cached(self, data: dict) -> dict | None:
+        """The cached row, or None (also for a file an interrupted write or a disk
+        error left unreadable: the point runs again and overwrites it)."""
         if self.cache_dir is None:
             return None
-        path = self._path(data)
-        return json.loads(path.read_text())["row"] if path.exists() else None
+        try:
+            return json.loads(self._path(data).read_text())["row"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def _store(self, data: dict, row: dict) -> None:
         """Written atomically, so an interrupted sweep resumes from what finished."""
@@ -136,5 +140,8 @@ def _connect_ray(address: str, jobs: int):
         raise InputError("--ray needs the ray package: pip install 'ampd[ray]'") from None
     if not ray.is_initialized():
         options = {"num_cpus": jobs} if address == "local" else {}
-        ray.init(address=address, include_dashboard=False, logging_level="ERROR", **options)
+        try:
+            ray.init(address=address, include_dashboard=False, logging_level="ERROR", **options)
+        except (ValueError, ConnectionError, RuntimeError) as err:
+            raise InputError(f"--ray {address!r}: cannot connect to a Ray cluster there ({err})") from None
     return ray.remote(_point)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from ampd.config import RunConfig, SweepConfig, override
 from ampd.core.errors import InputError
-from ampd.experiment import measure_for, perf_model_for, slo_for
-from ampd.measure import CAPACITY_ATTAINMENT, CapacitySearch, find_capacities
+from ampd.experiment import check_runnable, measure_for, perf_model_for, slo_for
+from ampd.measure import CAPACITY_ATTAINMENT, TRANSIENT, CapacitySearch, find_capacities
 from ampd.planning import resolve_deployment
 from ampd.runner import PointRunner
 from ampd.workload import WORKLOADS
@@ -67,8 +67,12 @@ def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
     """Every point's full configuration, thresholds resolved per workload.
 
     Raises:
-        InputError: an invalid system, workload or rate.
+        InputError: an invalid system, workload or rate; a point that could not
+            run (``experiment.check_runnable``); capacities asked of transient runs.
     """
+    if sweep.capacity and (base.workload.num_sessions is not None
+                           or any(w.num_sessions is not None for w in sweep.workloads)):
+        raise InputError("capacity needs steady-state runs: leave workload.num_sessions (--num-sessions) unset")
     configs = []
     for w in sweep.workloads:
         extra = {k: v for k, v in (("arrivals", w.arrivals), ("num_sessions", w.num_sessions)) if v is not None}
@@ -77,6 +81,7 @@ def plan_sweep(base: RunConfig, sweep: SweepConfig) -> list[RunConfig]:
         for system in sweep.systems:
             cluster = {"deployment": sweep.deployments[system]} if system in sweep.deployments else {}
             planned = _planned(override(resolved, system=system, cluster=cluster), w.rates_per_s)
+            check_runnable(planned)
             for rate in w.rates_per_s:
                 configs.append(override(planned, workload={"rate_per_s": rate}))
     return configs
@@ -100,17 +105,36 @@ def search_capacities(bases: Sequence[RunConfig], seeds: Sequence[Sequence[dict]
         for row in rows:
             search.record(row["rate_per_s"], row)
         searches.append(search)
-    find_capacities(searches, lambda batch: run([override(bases[i], workload={"rate_per_s": r}) for i, r in batch]))
+    for rows in seeds:
+        _steady(rows)
+    find_capacities(searches, lambda batch: _steady(run([override(bases[i], workload={"rate_per_s": r})
+                                                         for i, r in batch])))
     return searches
 
 
+def _steady(rows: Sequence[dict]) -> Sequence[dict]:
+    """``rows``, if every one has a steady-state verdict (stable or unstable).
+
+    Raises:
+        InputError: a transient row (a session count, or a window too short for a
+            verdict): a capacity is a steady-state figure.
+    """
+    for row in rows:
+        if row["verdict"] == TRANSIENT:
+            raise InputError(f"capacity needs steady-state runs; the run at {row['rate_per_s']:g} sessions/s is a "
+                             f"transient ({row['reason']})")
+    return rows
+
+
 def capacity_row(base: RunConfig, search: CapacitySearch) -> dict:
-    """A capacity as a row: what ran, the ``target`` attainment, ``capacity_per_s``,
+    """A capacity as a row: what ran, the ``target`` attainment, every run of the
+    search (``runs``: rate, attainment, verdict, reason), ``capacity_per_s``,
     ``capacity_per_gpu``, the bracket's upper end ``above_per_s`` (the lowest rate
     measured not to meet the SLO; None when the search found none), ``bounded`` and
     ``num_runs``."""
     return {"workload": base.workload.label, "system": base.system, "deployment": base.cluster.deployment,
             "target_attainment": search.target,
+            "runs": [{k: r[k] for k in ("rate_per_s", "slo_attainment", "verdict", "reason")} for r in search.rows],
             "num_gpus": base.cluster.num_gpus, "capacity_per_s": search.capacity_per_s,
             "capacity_per_gpu": search.capacity_per_s / base.cluster.num_gpus, "above_per_s": search.high_per_s,
             "bounded": search.bounded, "num_runs": len(search.rows)}
@@ -118,22 +142,18 @@ def capacity_row(base: RunConfig, search: CapacitySearch) -> dict:
 
 def sweep_capacities(sweep: SweepConfig, configs: Sequence[RunConfig], rows: Sequence[dict],
                      run: PointRunner) -> list[dict]:
-    """The capacity of every (workload, system) of a swept ``configs`` (``capacity_row``;
-    the attainment it keeps: the workload's ``capacity_attainment``, else the
-    sweep's), each search seeded with the sweep's points at that workload and system.
-
-    Raises:
-        InputError: the sweep's runs are transients (``workload.num_sessions``):
-            a capacity is a steady-state figure.
-    """
-    if any(c.workload.num_sessions is not None for c in configs):
-        raise InputError("capacity needs steady-state runs: leave workload.num_sessions (--num-sessions) unset")
-    groups: dict[tuple[str, str], list[int]] = {}
-    for i, c in enumerate(configs):
-        groups.setdefault((c.workload.label, c.system), []).append(i)
-    bases = [configs[indices[0]] for indices in groups.values()]
-    targets = {workload_source(w.workload).get("name") or w.workload: w.capacity_attainment or sweep.capacity_attainment
-               for w in sweep.workloads}
-    searches = search_capacities(bases, [[rows[i] for i in indices] for indices in groups.values()], run,
-                                 targets=[targets[b.workload.label] for b in bases])
+    """The capacity of every (workload entry, system) of a sweep whose points are
+    ``configs`` (``plan_sweep``'s order) with ``rows``: one ``capacity_row`` each,
+    keeping the attainment the workload asks (its ``capacity_attainment``, else the
+    sweep's), each search seeded with that entry's points."""
+    bases, seeds, targets = [], [], []
+    index = 0
+    for w in sweep.workloads:
+        for _ in sweep.systems:
+            points = range(index, index + len(w.rates_per_s))
+            index = points.stop
+            bases.append(configs[points.start])
+            seeds.append([rows[i] for i in points])
+            targets.append(w.capacity_attainment or sweep.capacity_attainment)
+    searches = search_capacities(bases, seeds, run, targets=targets)
     return [capacity_row(b, s) for b, s in zip(bases, searches)]

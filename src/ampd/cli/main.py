@@ -4,6 +4,7 @@ workloads x rates."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from ampd.cli import plan, replay, reproduce, serve
@@ -25,8 +26,8 @@ def _floats(text: str) -> list[float]:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"rates must be positive numbers, got {text!r}")
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"rates must be finite positive numbers, got {text!r}")
     return values
 
 
@@ -61,7 +62,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 def _sweep_from_args(args: argparse.Namespace, base: RunConfig, sweep: SweepConfig | None) -> SweepConfig:
     """The file's [sweep] table with --systems, --workloads and --rates applied."""
     systems = args.systems or (sweep.systems if sweep else ["ampd", "pd-disagg"])
-    if args.workloads or args.rates or sweep is None:
+    if args.rates and not args.workloads and sweep is not None:
+        workloads = [w.model_copy(update={"rates_per_s": args.rates}) for w in sweep.workloads]
+    elif args.workloads or args.rates or sweep is None:
         if not args.rates:
             raise InputError("sweep: give --rates (or a [sweep] table in --config)")
         names = args.workloads or [base.workload.label]
@@ -75,14 +78,16 @@ def _sweep_from_args(args: argparse.Namespace, base: RunConfig, sweep: SweepConf
 
 def measurement_note(row: dict) -> str:
     """One line on how a run was measured and what its verdict means."""
-    if row["verdict"] == TRANSIENT:
+    if "window_s" not in row:
         return (f"transient: a fixed number of sessions ({row['num_sessions']}), not a steady state; its figures "
                 f"change with --num-sessions (drop it for a steady-state run)")
-    window = (f"steady-state run: {row['warmup_s']:.0f} s warm-up, {row['num_sessions']} sessions measured over a "
+    window = (f"steady-state run: {row['warmup_s']:.0f} s warm-up, {row['num_sessions']} session(s) arrived in the "
               f"{row['window_s']:.0f} s window")
     if row["verdict"] == STABLE:
         return f"{window}; stable (its first half within 2 points)"
-    return f"{window}; unstable (overloaded): {row['reason']}"
+    if row["verdict"] == TRANSIENT:
+        return f"{window}; transient: {row['reason']}"
+    return f"{window}; unstable: {row['reason']}"
 
 
 def cmd_sweep(args: argparse.Namespace) -> None:
@@ -158,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     except AmpdError as err:
         print(f"ampd: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("ampd: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

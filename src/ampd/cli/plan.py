@@ -16,7 +16,7 @@ from scipy.stats import spearmanr
 from ampd.cli.options import add_run_options, config_from_args, output_dir
 from ampd.cli.tables import attainment_text, print_table
 from ampd.config import RunConfig, override
-from ampd.measure import UNSTABLE
+from ampd.measure import STABLE
 from ampd.metrics.report import write_json
 from ampd.planner import AMPD_LOCAL_SHARE, SOLVERS, Plan, enumerate_plans, estimate_tau
 from ampd.planning import default_local_share, plan_for, planner_inputs
@@ -52,15 +52,17 @@ def simulation_pool(config: RunConfig, plans: Sequence[Plan], sample: int, local
 
 def simulate_plans(config: RunConfig, pool: Sequence[Plan], jobs: int | None = None) -> list[dict]:
     """Simulate every plan of ``pool`` (same sessions, system, thresholds and
-    measurement as ``config``) and rank them: stable runs first (an unstable one
-    does not carry the rate), then by SLO attainment, ties by mean TTFT. One row per
-    plan, in pool order, with ``planned_rank`` (position in ``pool``),
-    ``simulated_rank`` (both from 1) and the run's ``verdict``."""
+    measurement as ``config``) and rank them: stable runs by SLO attainment, ties by
+    mean TTFT; every other run (unstable: it does not carry the rate; transient: no
+    steady state to compare) shares the rank after them, since its figures rank
+    nothing. One row per plan, in pool order, with ``planned_rank`` (position in
+    ``pool``), ``simulated_rank`` (both from 1) and the run's ``verdict``."""
     configs = [override(config, cluster={"deployment": str(p.deployment)}) for p in pool]
     runs = PointRunner(jobs, progress=False)(configs)
-    order = sorted(range(len(pool)), key=lambda i: (runs[i]["verdict"] == UNSTABLE, -runs[i]["slo_attainment"],
-                                                    runs[i]["ttft_mean_s"], i))
-    simulated_rank = {i: r + 1 for r, i in enumerate(order)}
+    stable = sorted((i for i in range(len(pool)) if runs[i]["verdict"] == STABLE),
+                    key=lambda i: (-runs[i]["slo_attainment"], runs[i]["ttft_mean_s"], i))
+    simulated_rank = {i: r + 1 for r, i in enumerate(stable)}
+    simulated_rank.update({i: len(stable) + 1 for i in range(len(pool)) if i not in simulated_rank})
     return [{"deployment": str(p.deployment), "objective": p.objective, "planned_rank": i + 1,
              "simulated_rank": simulated_rank[i], "slo_attainment": run["slo_attainment"],
              "verdict": run["verdict"], "ttft_mean_s": run["ttft_mean_s"], "ttft_p95_s": run["ttft_p95_s"],
@@ -69,21 +71,31 @@ def simulate_plans(config: RunConfig, pool: Sequence[Plan], jobs: int | None = N
 
 
 def _carried(row: dict) -> float:
-    """A plan's attainment at the rate, 0 when its run was unstable (it does not carry the rate)."""
-    return 0.0 if row["verdict"] == UNSTABLE else row["slo_attainment"]
+    """A plan's steady-state attainment at the rate, 0 when its run was not stable (it
+    does not carry the rate, or nothing says it does)."""
+    return row["slo_attainment"] if row["verdict"] == STABLE else 0.0
 
 
 def agreement(rows: Sequence[dict], top: int = 3) -> dict:
     """How the planned ranking of simulated ``rows`` agrees with the simulated one: the
     same best plan, the same top-``top`` set, the same top-``top`` order, Spearman's rho
     over all rows, and the attainment the planner's best gives up against the best
-    (an unstable run's counted as 0: ``_carried``)."""
+    (a run that is not stable counts as 0: ``_carried``). ``comparable`` is False, and
+    the comparisons None, when no plan's run is stable: nothing ranks them then.
+
+    Raises:
+        ValueError: no rows.
+    """
+    if not any(r["verdict"] == STABLE for r in rows):
+        return {"comparable": False, "same_best": None, "same_top_set": None, "same_top_order": None,
+                "spearman": None, "attainment_regret": None, "planned_top": [], "simulated_top": []}
     planned = [r["deployment"] for r in sorted(rows, key=lambda r: r["planned_rank"])]
     simulated = [r["deployment"] for r in sorted(rows, key=lambda r: r["simulated_rank"])]
     best = max(_carried(r) for r in rows)
     first = next(r for r in rows if r["planned_rank"] == 1)
     rho = spearmanr([r["planned_rank"] for r in rows], [r["simulated_rank"] for r in rows]).statistic
-    return {"same_best": planned[0] == simulated[0], "same_top_set": set(planned[:top]) == set(simulated[:top]),
+    return {"comparable": True, "same_best": planned[0] == simulated[0],
+            "same_top_set": set(planned[:top]) == set(simulated[:top]),
             "same_top_order": planned[:top] == simulated[:top], "spearman": float(rho) if len(rows) > 2 else None,
             "attainment_regret": best - _carried(first), "planned_top": planned[:top],
             "simulated_top": simulated[:top]}
@@ -91,7 +103,7 @@ def agreement(rows: Sequence[dict], top: int = 3) -> dict:
 
 def _config(args: argparse.Namespace) -> RunConfig:
     config, _ = config_from_args(args)
-    workload = {"rate_per_s": args.rate} if args.rate else {}
+    workload = {"rate_per_s": args.rate} if args.rate is not None else {}
     if args.trace:
         workload.update(name=None, trace=args.trace)
     elif args.workload:
@@ -115,13 +127,18 @@ def _ranks_table(title: str, rows: Sequence[dict]) -> Table:
     for name in ("plan", "Z", "planned rank", "simulated rank", "SLO attain.", "TTFT mean (s)", "local prefill"):
         table.add_column(name, justify="left" if name == "plan" else "right")
     for r in rows:
-        table.add_row(r["deployment"], f"{r['objective']:.3f}", str(r["planned_rank"]), str(r["simulated_rank"]),
-                      attainment_text(r), f"{r['ttft_mean_s']:.3f}",
-                      f"{100 * r['local_prefill_share']:.1f}%")
+        shown = r["verdict"] == STABLE
+        table.add_row(r["deployment"], f"{r['objective']:.3f}", str(r["planned_rank"]),
+                      str(r["simulated_rank"]) if shown else f"{r['simulated_rank']} (tied)", attainment_text(r),
+                      f"{r['ttft_mean_s']:.3f}" if shown else "-",
+                      f"{100 * r['local_prefill_share']:.1f}%" if shown else "-")
     return table
 
 
 def _agreement_line(a: dict, top: int) -> str:
+    if not a["comparable"]:
+        return "planned vs simulated: no plan's run is stable at this rate, so nothing ranks them"
+
     def yes(flag: bool) -> str:
         return "yes" if flag else "no"
     rho = "-" if a["spearman"] is None else f"{a['spearman']:.2f}"

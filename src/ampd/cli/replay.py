@@ -56,6 +56,8 @@ def wait_until_ready(url: str, wait_s: float) -> None:
         try:
             if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
                 return
+        except httpx.InvalidURL as err:
+            raise InputError(f"--url {url!r}: not a valid URL ({err})") from None
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:

@@ -48,9 +48,14 @@ def _redraw(out_dir: Path) -> None:
     path = out_dir / "results.json"
     try:
         results = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise InputError(f"{path}: cannot read a reproduce run's results ({err}); run ampd reproduce first") from None
-    _print_gains(write(out_dir, results["quick"], results))
+    try:
+        tables = write(out_dir, results["quick"], results)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise InputError(f"{path}: not the results of this version of ampd reproduce ({type(err).__name__}: {err}); "
+                         f"run ampd reproduce again") from None
+    _print_gains(tables)
     print(f"tables and figures redrawn in {out_dir}/")
 
 

@@ -51,6 +51,9 @@ WINDOW_LIFETIMES = 10.0
 MIN_WINDOW_SESSIONS = 2000
 DRAIN_LIFETIMES = 10.0
 DRAIN_WINDOW_SHARE = 0.25
+# [our choice] A run may hold this many sessions at most: about a gigabyte of session records
+# (an hour of 256-GPU GAIA traffic at capacity is ~10^4 sessions).
+MAX_RUN_SESSIONS = 1_000_000
 OVERLOAD_FACTOR = 5.0
 OVERLOAD_MARGIN = 50
 
@@ -117,15 +120,26 @@ def measure_plan(lifetime_s: float, rate_per_s: float, warmup_s: float | None = 
     default (module docstring).
 
     Raises:
-        InputError: a lifetime or rate that is not finite and > 0.
+        InputError: a lifetime or rate that is not finite and > 0; a drain shorter
+            than one lifetime (every run would end with measured sessions still
+            running); a run that would hold more than ``MAX_RUN_SESSIONS`` sessions.
     """
     for name, value in (("session lifetime", lifetime_s), ("rate_per_s", rate_per_s)):
         if not (math.isfinite(value) and value > 0):
             raise InputError(f"{name}: must be a finite number > 0, got {value}")
+    if drain_s is not None and drain_s < lifetime_s:
+        raise InputError(f"measure.drain_s: {drain_s:g} s is shorter than one unloaded session lifetime "
+                         f"({lifetime_s:.0f} s): the sessions arriving at the window's end could never finish")
     if window_s is None:
         window_s = max(WINDOW_LIFETIMES * lifetime_s, MIN_WINDOW_SESSIONS / rate_per_s)
-    return MeasurePlan(
+    plan = MeasurePlan(
         warmup_s=warmup_s if warmup_s is not None else WARMUP_LIFETIMES * lifetime_s,
         window_s=window_s,
         drain_s=drain_s if drain_s is not None else max(DRAIN_LIFETIMES * lifetime_s, DRAIN_WINDOW_SHARE * window_s),
         lifetime_s=lifetime_s)
+    expected = rate_per_s * plan.horizon_s
+    if expected > MAX_RUN_SESSIONS:
+        raise InputError(f"this run would hold {expected:.3g} sessions ({rate_per_s:g}/s over {plan.horizon_s:.3g} s "
+                         f"of warm-up, window and drain), more than {MAX_RUN_SESSIONS:,}: lower workload.rate_per_s "
+                         f"or measure.window_s / warmup_s / drain_s")
+    return plan

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ampd.measure.plan import MeasurePlan
-from ampd.measure.verdict import Stability, judge
+from ampd.measure.verdict import MIN_VERDICT_LIFETIMES, MIN_VERDICT_SESSIONS, TRANSIENT, Stability, judge
 from ampd.metrics.records import SessionRecord
 from ampd.metrics.slo import SloScope, slo_attainment
 from ampd.metrics.summary import RunSummary, summarize
@@ -33,6 +33,11 @@ def measure_window(records: Sequence[SessionRecord], plan: MeasurePlan, ttft_slo
     measured = [r for r in records if start_s <= r.arrival_s < end_s]
     first_half = [r for r in measured if r.arrival_s < plan.half_s]
     summary = summarize(measured, ttft_slo_s, itl_slo_s, scope, duration_s=plan.window_s)
-    stability = judge(summary.slo_attainment, slo_attainment(first_half, ttft_slo_s, itl_slo_s, scope),
-                      in_system_at_arrivals(records), start_s, end_s, stopped)
-    return summary, stability
+    half = slo_attainment(first_half, ttft_slo_s, itl_slo_s, scope)
+    lifetimes = plan.window_s / plan.lifetime_s
+    if stopped is None and (len(measured) < MIN_VERDICT_SESSIONS or lifetimes < MIN_VERDICT_LIFETIMES):
+        reason = (f"window too short for a steady-state verdict: {len(measured)} session(s) over "
+                  f"{lifetimes:.1f} unloaded lifetimes (needs >= {MIN_VERDICT_SESSIONS} and >= "
+                  f"{MIN_VERDICT_LIFETIMES:g}; the default window has both)")
+        return summary, Stability(TRANSIENT, reason, half)
+    return summary, judge(summary.slo_attainment, half, in_system_at_arrivals(records), start_s, end_s, stopped)

@@ -28,9 +28,9 @@ def plot_attainment(rows: Sequence[dict], path: Path, title: str = "",
                     capacities: Mapping[tuple[str, str], float] | None = None) -> None:
     """SLO attainment (%) against arrival rate, one panel per workload and one
     colour per system, written as PNG to ``path``. Steady-state points are filled
-    and joined; unstable (overloaded) ones are hollow crosses at the value their
-    run ended with, never joined to the curve; a transient run's points are
-    joined by a dashed line. ``capacities`` ((workload, system) -> sessions/s)
+    and joined; an unstable (overloaded) rate is a cross on the rate axis (its
+    run's attainment is not a figure, so it is not drawn as one), never joined to
+    the curve; a transient run's points are joined by a dashed line. ``capacities`` ((workload, system) -> sessions/s)
     adds a dotted vertical line at each system's capacity."""
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     systems = list(dict.fromkeys(r["system"] for r in rows))
@@ -44,8 +44,8 @@ def plot_attainment(rows: Sequence[dict], path: Path, title: str = "",
             for i, segment in enumerate(steady_segments(pts)):
                 ax.plot([p[0] for p in segment], [p[1] for p in segment], style, marker="o", color=colours[system],
                         label=system if i == 0 else None)
-            unstable = [(x, y) for x, y, v in pts if v == "unstable"]
-            ax.plot([p[0] for p in unstable], [p[1] for p in unstable], "x", color=colours[system], alpha=0.6)
+            unstable = [x for x, _, v in pts if v == "unstable"]
+            ax.plot(unstable, [0.0] * len(unstable), "x", color=colours[system], alpha=0.7, clip_on=False)
             capacity = (capacities or {}).get((workload, system))
             if capacity:
                 ax.axvline(capacity, color=colours[system], linestyle=":", linewidth=1.2)

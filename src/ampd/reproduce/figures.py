@@ -30,8 +30,9 @@ def _colours(systems: Sequence[str]) -> dict[str, tuple]:
 
 def attainment_grid(rows: Sequence[dict], capacities: Sequence[dict], path: Path) -> None:
     """SLO attainment against rate, one panel per cell (models down, workloads
-    across): steady-state points joined, unstable ones as crosses, each system's
-    capacity as a dotted vertical line; one legend for the figure."""
+    across): steady-state points joined, unstable rates as crosses on the rate
+    axis (no figure), each system's capacity as a dotted vertical line; one
+    legend for the figure."""
     cells = list(dict.fromkeys(r["cell"] for r in rows))
     models = list(dict.fromkeys(c.split(" / ")[0] for c in cells))
     workloads = list(dict.fromkeys(c.split(" / ")[1] for c in cells))
@@ -50,8 +51,8 @@ def attainment_grid(rows: Sequence[dict], capacities: Sequence[dict], path: Path
             for i, segment in enumerate(steady_segments(pts)):
                 ax.plot([p[0] for p in segment], [p[1] for p in segment], dashed, marker="o", ms=3,
                         label=system if i == 0 else None, color=colours[system])
-            unstable = [(x, y) for x, y, v in pts if v != STABLE]
-            ax.plot([p[0] for p in unstable], [p[1] for p in unstable], "x", ms=4, color=colours[system], alpha=0.5)
+            unstable = [x for x, _, v in pts if v != STABLE]
+            ax.plot(unstable, [0.0] * len(unstable), "x", ms=4, color=colours[system], alpha=0.6, clip_on=False)
             if capacity.get((cell, system)):
                 ax.axvline(capacity[(cell, system)], color=colours[system], linestyle=":", linewidth=1)
         ax.set_title(cell, fontsize=9)

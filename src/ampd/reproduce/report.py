@@ -56,8 +56,6 @@ def best_rows(best: dict) -> list[dict]:
 def write(out_dir: Path, quick: bool, results: dict) -> dict:
     """Write results.json (rows and tables), the PNG figures and tables.md."""
     tables = summarize(results)
-    rows = {k: v for k, v in results.items() if k not in ("tables", "quick")}
-    write_json(out_dir / "results.json", {"quick": quick, "tables": tables, **rows})
     figures.attainment_grid(results["grid"], results["capacities"], out_dir / "attainment_grid.png")
     figures.capacity_bars(results["capacities"], out_dir / "capacity.png")
     figures.bars(tables["breakdown"], "system", ["ttft_over_slo", "ttft_p95_over_slo", "itl_over_slo",
@@ -69,4 +67,6 @@ def write(out_dir: Path, quick: bool, results: dict) -> dict:
     figures.sensitivity(tables["sensitivity"], out_dir / "sensitivity.png")
     text = "".join(f"## {name}\n\n{markdown_table(rows)}\n" for name, rows in tables.items())
     (out_dir / "tables.md").write_text(text)
+    rows = {k: v for k, v in results.items() if k not in ("tables", "quick")}
+    write_json(out_dir / "results.json", {"quick": quick, "tables": tables, **rows})
     return tables

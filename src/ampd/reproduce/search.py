@@ -7,7 +7,9 @@ A candidate's score, at the search rate (the cell's reference capacity): first
 whether it meets the SLO in steady state (``ampd.measure.capacity.meets_slo``:
 its capacity is then at least that rate), then whether its run was stable, then
 its SLO attainment, ties broken by the lower mean TTFT, then by the candidate
-order.
+order. The reproduce grid screens on runs of a quarter window
+(``grid.SCREEN_WINDOW_SHARE``), too short for a verdict (transient) unless
+stopped for overload: there the score is an overloaded run last, then attainment.
 """
 
 from __future__ import annotations
