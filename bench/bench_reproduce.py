@@ -40,7 +40,10 @@ def _timed(args: list[str], out: Path) -> dict:
 
 def main() -> None:
     previous = RESULTS / "reproduce.json"
-    runs = {"full": json.loads(previous.read_text())["runs"]["full"]} if previous.exists() else {}
+    runs = {}
+    if previous.exists():
+        last = json.loads(previous.read_text())
+        runs["full"] = {"measured_at": last["measured_at"], **last["runs"]["full"]}
     with tempfile.TemporaryDirectory() as tmp:
         runs["quick"] = _timed(["--quick"], Path(tmp))
     if "--full" in sys.argv:
