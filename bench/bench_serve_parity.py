@@ -2,8 +2,8 @@
 sessions (Llama-3.1-70B on 8 x H20, ``P:<TP=2,DP=2> D:<TP=2,DP=2>``, 0.6 sessions/s,
 three quarters of its capacity for ``ampd-predictive``, 0.81/s) replayed through two coordinator replicas sharing a real Redis
 over four mock engines, against ``ampd simulate`` of the same configuration: the same
-sessions and arrivals, measured over the same window (36 s warm-up, 1,200 s window:
-about 720 sessions). SLO attainment and verdict on both sides, local-prefill share,
+sessions and arrivals, measured over the same window (36 s warm-up, 1,800 s window:
+about 1,080 sessions, enough for a verdict). SLO attainment and verdict on both sides, local-prefill share,
 mean TTFT, and the share of the window's rounds placed (local or remote) as the
 simulator placed them. The figures docs/SERVING.md quotes; tests/test_serve_cluster.py
 asserts the tolerances on a shorter window.
@@ -33,7 +33,7 @@ from ampd.serve.up import LocalCluster, free_serve_ports  # noqa: E402
 TIME_SCALE = 0.25
 REPLICAS = 2
 RATE_PER_S = 0.6
-MEASURE = {"warmup_s": 36.0, "window_s": 1200.0, "drain_s": 300.0}
+MEASURE = {"warmup_s": 36.0, "window_s": 1800.0, "drain_s": 300.0}
 
 
 def _config() -> RunConfig:
