@@ -3,7 +3,7 @@ sessions (Llama-3.1-70B on 8 x H20, ``P:<TP=2,DP=2> D:<TP=2,DP=2>``, 0.6 session
 three quarters of its capacity for ``ampd-predictive``, 0.81/s) replayed through two coordinator replicas sharing a real Redis
 over four mock engines, against ``ampd simulate`` of the same configuration: the same
 sessions and arrivals, measured over the same window (36 s warm-up, 1,800 s window:
-about 1,080 sessions, enough for a verdict). SLO attainment and verdict on both sides, local-prefill share,
+about 1,100 sessions, enough for a verdict). SLO attainment and verdict on both sides, local-prefill share,
 mean TTFT, and the share of the window's rounds placed (local or remote) as the
 simulator placed them. The figures docs/SERVING.md quotes; tests/test_serve_cluster.py
 asserts the tolerances on a shorter window.
