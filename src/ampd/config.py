@@ -148,7 +148,9 @@ class ServeConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     redis_url: str = Field("", pattern=r"^$|^(redis|rediss|unix)://", description="empty: in-memory store")
-    engine: Literal["mock", "vllm"] = "mock"
+    engine: Literal["mock", "vllm", "vllm-nixl"] = Field("mock", description=(
+        "mock; vllm (prefill engines recompute history: ExampleConnector or one-way NIXL); vllm-nixl (NixlConnector, "
+        "bidirectional: a remote prefill reads the session's history KV from its decode engine)"))
     served_model: str = Field("", description="model name sent to the engines; empty: cluster.model")
     time_scale: float = Field(1.0, gt=0, le=1000)
     workers: list[EngineWorker] = []
@@ -185,6 +187,14 @@ class ServeConfig(_Strict):
     vllm_max_model_len: int = Field(4096, ge=64, description="ampd up: vLLM --max-model-len (longest prompt + "
                                                              "output; tools/tiny_model.py's model has 4096 "
                                                              "positions)")
+    nixl_decoder_kv_ttl_s: int = Field(30, ge=1, description=(
+        "vllm-nixl: seconds a decode engine holds a history it exported for a prefill engine to read; vLLM declines "
+        "reads within 5 s of expiry, so 5 or less means every read is declined (history recomputed)"))
+    nixl_kv_recompute_threshold_tokens: int = Field(64, ge=0, description=(
+        "vllm-nixl: a prefill engine recomputes rather than reads fewer history tokens than this (0: always read)"))
+    nixl_progress_delay_us: int = Field(1000, ge=0, description=(
+        "vllm-nixl, ampd up: NIXL progress-thread poll timeout (0: NIXL's busy polling, one core per idle engine)"))
+    nixl_ucx_tls: str = Field("", description="vllm-nixl, ampd up: UCX_TLS of the engines (empty: UCX's choice)")
     mock_kv_fail_rate: float = Field(0.0, ge=0, le=1, description="ampd up, mock engines: probability that a "
                                                                     "decode engine fails to load a remote "
                                                                     "prefill's KV (fault injection)")

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from ampd.policy.reorder import QueuePolicy, apply_order
 from ampd.serve.clock import ScaledClock
 from ampd.serve.engine_client import EngineClient, EngineError
+from ampd.serve.history_export import EXPORT_KEY, EXPORT_SHARE_OF_DEADLINE, ExportRequest, cached_tokens, export_history
 from ampd.serve.store import QueueEntry, StateStore, StoreUnavailable, WorkerInfo, WorkerState, task_key
 from ampd.serve.view_builder import busy_s
 
@@ -107,10 +108,16 @@ class PrefillDispatcher:
         """Run one remote prefill and publish its outcome to the request's owner."""
         task = entry.queued.task
         message = {"key": entry.key, "worker_id": worker_id}
+        body = json.loads(payload)
+        export = body.pop(EXPORT_KEY, None)
+        timeout_s = self.timeout_s * self.clock.time_scale
         try:
-            reply = await self.engines.complete(self.workers[worker_id].url, json.loads(payload), task.session_id,
-                                                self.timeout_s * self.clock.time_scale)
-            message.update(ok=True, kv_transfer_params=reply.get("kv_transfer_params"))
+            if export is not None:  # the lazy history read: at dispatch, not at routing
+                message["export"] = await export_history(self.engines, body, ExportRequest.from_dict(export),
+                                                         task.session_id, timeout_s * EXPORT_SHARE_OF_DEADLINE)
+            reply = await self.engines.complete(self.workers[worker_id].url, body, task.session_id, timeout_s)
+            message.update(ok=True, kv_transfer_params=reply.get("kv_transfer_params"),
+                           cached_tokens=cached_tokens(reply))
         except EngineError as err:  # the message, not the engine's URL: it may reach the client
             message.update(ok=False, error=err.message, reason=err.reason, status=err.status)
             if err.engine_down:

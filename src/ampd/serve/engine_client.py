@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import httpx
 
 # What each engine kind can do (docs/SERVING.md, "Engine capabilities").
-READS_HISTORY = {"mock": True, "vllm": False}
-PREFILL_SLOTS = {"mock": 2, "vllm": 1}
+# "vllm-nixl": vLLM with NixlConnector in bidirectional mode, whose prefill
+# engine reads a session's history KV from its decode engine (history_export.py).
+READS_HISTORY = {"mock": True, "vllm": False, "vllm-nixl": True}
+PREFILL_SLOTS = {"mock": 2, "vllm": 1, "vllm-nixl": 1}
 ENGINE_KINDS = tuple(READS_HISTORY)
 
 

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from ampd.core.view import ClusterView, QueuedTask
 from ampd.policy.routing import remote_prefill_s
 from ampd.serve.context import ReplicaContext
 from ampd.serve.dispatch import PrefillDispatcher
+from ampd.serve.history_export import EXPORT_KEY, ExportRequest, kv_path
 from ampd.serve.mirror import StateMirror
 from ampd.serve.rounds import LiveRound, ServeError, engine_body
 from ampd.serve.store import QueueEntry
+
+log = logging.getLogger(__name__)
 
 
 def is_client_error(status: int | None) -> bool:
@@ -64,7 +68,11 @@ class RemotePrefill:
                            ctx.options.replica_id)
         body = engine_body(live.request, ctx.options.model_name, live.request.prompt, 1, stream=False)
         body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False}
-        if prefill.reads_history:  # an engine that reads the history KV is told where it lives
+        exports = ctx.workers[worker_id].kind == "vllm-nixl" and task.hist_tokens >= max(
+            ctx.options.history_read_min_tokens, 1)
+        if exports:
+            body[EXPORT_KEY] = ExportRequest(ctx.workers[task.decode_worker].url, task.hist_tokens).to_dict()
+        elif prefill.reads_history:  # the mock engine is told where the history KV lives
             body["kv_transfer_params"].update(ampd_hist_tokens=task.hist_tokens, ampd_decode_tp=decode.spec.tp,
                                               ampd_decode_server=decode.spec.server)
         result = asyncio.get_running_loop().create_future()
@@ -83,11 +91,29 @@ class RemotePrefill:
             self._pending.pop(entry.key, None)
         if message["ok"]:
             live.kv_params = message.get("kv_transfer_params") or {}
+            if exports:
+                self._note_kv_path(live, worker_id, message)
         elif is_client_error(message.get("status")):
             raise ServeError(message["status"], f"prefill engine {worker_id} refused the request: {message['error']}")
         else:
             fall_back(ctx, live, "timeout" if message.get("reason") == "timeout" else "prefill-failed",
                       message.get("error"))
+
+    def _note_kv_path(self, live: LiveRound, worker_id: int, message: dict) -> None:
+        """Log which path the history took (``kv-path`` decisions) and count a
+        history that was not read as a fallback by reason."""
+        task, export = live.task, message.get("export")
+        path, reason = kv_path(task.hist_tokens, export, message.get("cached_tokens", 0),
+                               self.ctx.options.history_read_min_tokens)
+        self.ctx.decide("kv-path", {"session_id": task.session_id, "round_index": task.round_index,
+                                    "prefill_worker": worker_id, "path": path, "history_tokens": task.hist_tokens,
+                                    "prefill_cached_tokens": message.get("cached_tokens"),
+                                    "decode_cached_tokens": export and export["decode_cached_tokens"],
+                                    "reason": reason, "detail": export and export["error"]})
+        if reason is not None:
+            self.ctx.metrics.fallbacks.labels(reason).inc()
+            log.warning("session %s round %d: %s (%s)", task.session_id, task.round_index, reason,
+                        (export and export["error"]) or path)
 
     def on_result(self, message: dict) -> None:
         """A prefill's outcome, published by the replica that dispatched it."""

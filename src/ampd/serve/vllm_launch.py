@@ -45,6 +45,10 @@ KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # ExampleConnector ignores it, harmlessly).
 PREFILL_KV_TRANSFER_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False}
 LOG_TAIL_LINES = 20
+# Read by tools/vllm_plugin (installed into .venv-vllm by tools/vllm_venv.sh).
+NIXL_PROGRESS_DELAY_ENV = "AMPD_NIXL_PROGRESS_DELAY_US"
+# ampd up: an engine on port N handshakes NIXL on port N + this [our choice].
+NIXL_SIDE_CHANNEL_OFFSET = 1000
 
 
 class VllmServerError(AmpdError):
@@ -78,28 +82,65 @@ class NixlConnector:
     a finished prefill for ``kv_lease_s`` and the decode server reads it over
     NIXL after a handshake on the prefill server's side channel.
 
+    With ``bidirectional`` (vLLM's ``bidirectional_kv_xfer``) the decode server
+    also keeps a finished round's blocks for ``decoder_kv_blocks_ttl_s`` and
+    returns their ``kv_transfer_params``; a later remote prefill sent with them
+    reads the history KV from the decode server instead of recomputing it
+    (AMPD's lazy read, AMPD.md section 3), and the decode server then reads
+    only the new blocks back (docs/SERVING.md, "The KV path on NIXL").
+
     Attributes:
         side_channel_port: this server's NIXL handshake port; distinct per server.
         load_failure_policy: ``"fail"`` (the decode request fails: HTTP 500, or
             an ``error`` event in a stream) or ``"recompute"`` (the decode server
             computes the prompt itself).
         kv_lease_s: seconds the prefill server holds unread KV (vLLM default 30).
+        bidirectional: the decode server exports its blocks for the next round.
+        decoder_kv_blocks_ttl_s: seconds the decode server holds a finished
+            round's blocks for a prefill server to read (vLLM default 480);
+            a remote round after that recomputes the history.
+        kv_recompute_threshold_tokens: a history shorter than this is recomputed,
+            not read (vLLM default 64: a read's fixed cost beats recomputing it).
+        progress_delay_us: NIXL progress-thread poll timeout, microseconds; 0
+            leaves NIXL's busy polling (one core per idle server). [our choice:
+            1,000 us, measured 0.02 core idle; the thread still wakes at once on
+            UCX events] Applied by tools/vllm_plugin (docs/SERVING.md, "NIXL busy
+            polling").
+        ucx_tls: ``UCX_TLS`` of the server; empty: UCX's own choice. On a
+            single CPU machine ``"tcp"`` [measured: with UCX's choice the first
+            history read between two servers here stalled 10 s; over tcp it took
+            under 0.2 s] (docs/SERVING.md, "The KV path on NIXL").
     """
 
     side_channel_port: int
     load_failure_policy: Literal["fail", "recompute"] = "fail"
     kv_lease_s: int = 30
+    bidirectional: bool = False
+    decoder_kv_blocks_ttl_s: int = 480
+    kv_recompute_threshold_tokens: int = 64
+    progress_delay_us: int = 1000
+    ucx_tls: str = ""
 
     def extra_config(self) -> dict[str, object]:
         """``kv_connector_extra_config`` for this connector."""
-        return {"kv_lease_duration": self.kv_lease_s}
+        config: dict[str, object] = {"kv_lease_duration": self.kv_lease_s}
+        if self.bidirectional:
+            config.update(bidirectional_kv_xfer=True, decoder_kv_blocks_ttl=self.decoder_kv_blocks_ttl_s,
+                          kv_recompute_threshold=self.kv_recompute_threshold_tokens)
+        return config
 
     def env(self, host: str) -> dict[str, str]:
-        """The side-channel address vLLM reads from the environment."""
-        return {
+        """The side-channel address vLLM reads from the environment, and the
+        progress-thread delay tools/vllm_plugin reads."""
+        env = {
             "VLLM_NIXL_SIDE_CHANNEL_HOST": host,
             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.side_channel_port),
         }
+        if self.progress_delay_us:
+            env[NIXL_PROGRESS_DELAY_ENV] = str(self.progress_delay_us)
+        if self.ucx_tls:
+            env["UCX_TLS"] = self.ucx_tls
+        return env
 
 
 Connector = ExampleConnector | NixlConnector
@@ -283,26 +324,48 @@ def server_command(config: RunConfig, role: Role, port: int, log_dir: Path) -> t
     """argv and environment overrides of one ``ampd up`` engine server.
 
     Uses ``serve.vllm_python``, ``serve.vllm_model`` and the served model name
-    (``serve.served_model`` or ``cluster.model``); prefill and decode servers
-    share an ExampleConnector folder ``<log_dir>/kv-store``.
+    (``serve.served_model`` or ``cluster.model``). ``serve.engine = "vllm"``:
+    prefill and decode servers share an ExampleConnector folder
+    ``<log_dir>/kv-store``. ``"vllm-nixl"``: NixlConnector in bidirectional mode
+    (:func:`nixl_connector`), side channel on ``port + NIXL_SIDE_CHANNEL_OFFSET``.
 
     Raises:
-        InputError: ``serve.vllm_model`` is empty, or the role is unknown.
+        InputError: ``serve.vllm_model`` is empty, or the interpreter is missing.
     """
     serve = config.serve
     if not Path(serve.vllm_python).exists():
         raise InputError(f"serve.vllm_python {serve.vllm_python!r}: no such interpreter (tools/vllm_venv.sh builds "
                          ".venv-vllm)")
     if not serve.vllm_model:
-        raise InputError("serve.engine = 'vllm' needs serve.vllm_model (a local model folder; "
+        raise InputError(f"serve.engine = {serve.engine!r} needs serve.vllm_model (a local model folder; "
                          "tools/tiny_model.py writes a small one)")
-    connector = None if role == "single" else ExampleConnector(Path(log_dir) / "kv-store")
+    connector: Connector | None = None
+    if role != "single":
+        connector = (nixl_connector(config, role, port + NIXL_SIDE_CHANNEL_OFFSET) if serve.engine == "vllm-nixl"
+                     else ExampleConnector(Path(log_dir) / "kv-store"))
     spec = ServerSpec(role=role, python=Path(serve.vllm_python), model_dir=Path(serve.vllm_model), port=port,
                       connector=connector, served_model_name=serve.served_model or config.cluster.model,
                       max_model_len=serve.vllm_max_model_len)
-    if connector is not None:
+    if isinstance(connector, ExampleConnector):
         Path(connector.storage_path).mkdir(parents=True, exist_ok=True)
     return server_argv(spec), server_env(spec)
+
+
+def nixl_connector(config: RunConfig, role: Role, side_channel_port: int) -> NixlConnector:
+    """The bidirectional NixlConnector of a ``vllm-nixl`` engine, from ``serve.nixl_*``.
+
+    A prefill engine that cannot read a history (expired, freed, handshake
+    failed) recomputes it (``load_failure_policy`` ``"recompute"``): the round
+    stays where routing put it, at the cost it would have had without the read.
+    A decode engine that cannot load a prefill's KV fails the request instead
+    (``"fail"``), so the coordinator resends it as a local prefill and counts the
+    fallback (docs/SERVING.md, "The KV path on NIXL").
+    """
+    serve = config.serve
+    return NixlConnector(side_channel_port, load_failure_policy="recompute" if role == "prefill" else "fail",
+                         bidirectional=True, decoder_kv_blocks_ttl_s=serve.nixl_decoder_kv_ttl_s,
+                         kv_recompute_threshold_tokens=serve.nixl_kv_recompute_threshold_tokens,
+                         progress_delay_us=serve.nixl_progress_delay_us, ucx_tls=serve.nixl_ucx_tls)
 
 
 def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:

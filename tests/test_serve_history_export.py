@@ -1,0 +1,71 @@
+"""The pieces of AMPD's KV path on vLLM NIXL engines that need no engine: which path
+a round's history took (worked out by hand), the command lines `ampd up` gives a
+``vllm-nixl`` engine, and ampd's vLLM plugin in the real vLLM environment.
+tests/test_serve_vllm_nixl.py runs the path end to end on real engines."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ampd.config import RunConfig
+from ampd.serve.history_export import kv_path
+from ampd.serve.vllm_launch import NIXL_PROGRESS_DELAY_ENV, NIXL_SIDE_CHANNEL_OFFSET, server_command
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = Path(os.environ.get("AMPD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+
+
+def _export(exported=True, decode_cached=352, error=None):
+    return {"exported": exported, "decode_cached_tokens": decode_cached, "error": error}
+
+
+@pytest.mark.parametrize("history, export, prefill_cached, expected", [
+    (0, None, 0, ("no-history", None)),                       # round 1: nothing to read
+    (380, _export(), 380, ("history-read", None)),            # 288 own cache + 92 read
+    (380, _export(), 317, ("history-read", None)),            # 63 recomputed: under the 64-token threshold
+    (380, _export(), 315, ("history-recomputed", "history-recomputed")),  # 65 recomputed: a declined read
+    (380, _export(exported=False, decode_cached=None, error="connect: refused"), 288,
+     ("history-recomputed", "history-export-failed")),       # no params: the prefill engine recomputed 92
+    (380, _export(decode_cached=0), 380, ("history-read", "history-lost")),  # restarted decode engine
+    (380, _export(decode_cached=190), 380, ("history-read", None)),  # half still cached: not lost
+])
+def test_the_path_a_history_took(history, export, prefill_cached, expected):
+    assert kv_path(history, export, prefill_cached, read_min_tokens=64) == expected
+
+
+def test_up_starts_vllm_nixl_engines_with_bidirectional_nixl(tmp_path):
+    python = tmp_path / "python"
+    python.touch()
+    config = RunConfig(serve={"engine": "vllm-nixl", "vllm_python": str(python), "vllm_model": str(tmp_path),
+                              "nixl_decoder_kv_ttl_s": 20, "nixl_ucx_tls": "tcp"})
+    commands = {role: server_command(config, role, 8100, tmp_path) for role in ("prefill", "decode")}
+    for role, (argv, env) in commands.items():
+        transfer = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert transfer == {
+            "kv_connector": "NixlConnector", "kv_role": {"prefill": "kv_producer", "decode": "kv_consumer"}[role],
+            "kv_buffer_device": "cpu",
+            "kv_load_failure_policy": {"prefill": "recompute", "decode": "fail"}[role],
+            "kv_connector_extra_config": {"kv_lease_duration": 30, "bidirectional_kv_xfer": True,
+                                          "decoder_kv_blocks_ttl": 20, "kv_recompute_threshold": 64}}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(8100 + NIXL_SIDE_CHANNEL_OFFSET)
+        assert env[NIXL_PROGRESS_DELAY_ENV] == "1000" and env["UCX_TLS"] == "tcp"
+
+
+def test_the_vllm_plugin_gives_every_nixl_agent_a_progress_timeout():
+    """In .venv-vllm: vLLM loads the plugin (its entry point), which then wraps NIXL's
+    agent constructor; an agent built the way vLLM builds one still starts."""
+    script = """
+import nixl._api as api
+from nixl._api import nixl_agent, nixl_agent_config
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+assert api.nixlBind.nixlAgent._ampd_delay_us == 2500
+nixl_agent("probe", nixl_agent_config(num_threads=4, capture_telemetry=True))
+print("ok")
+"""
+    done = subprocess.run([str(VLLM_PYTHON), "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, NIXL_PROGRESS_DELAY_ENV: "2500", "VLLM_PLUGINS": "ampd_nixl_progress_delay"})
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
