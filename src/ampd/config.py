@@ -71,17 +71,22 @@ class WorkloadConfig(_Strict):
     ``num_sessions``: None (the default) runs sessions for as long as the
     ``measure`` section says (a steady-state run; a trace is repeated as often as
     needed); a number runs exactly that many (a transient, for traces and
-    tests). ``arrivals``: ``poisson`` draws new arrivals at ``rate_per_s``;
-    ``recorded`` keeps a trace's own arrival pattern, rescaled to ``rate_per_s``
-    and repeated back to back.
+    tests). ``arrivals`` (None: ``arrival_process``'s default): ``recorded``
+    keeps a trace's own arrival times, exactly as recorded unless ``rate_per_s``
+    is set (then divided by ``rate_per_s`` / the trace's rate,
+    ``ampd.workload.arrival_rate_per_s``), and repeats them back to back;
+    ``poisson`` draws new arrivals at ``rate_per_s``. ``rate_per_s`` None: the
+    trace's own rate, or ``DEFAULT_RATE_PER_S`` for a synthetic workload
+    (``ampd.experiment.rate_for``). Both stay None in a saved configuration when
+    unset, so a run repeats with the same defaults.
     """
 
     name: str | None = None
     trace: str | None = None
     trace_format: str | None = None
     num_sessions: int | None = Field(None, ge=1)
-    rate_per_s: float = Field(1.0, gt=0)
-    arrivals: Literal["poisson", "recorded"] = "poisson"
+    rate_per_s: float | None = Field(None, gt=0)
+    arrivals: Literal["poisson", "recorded"] | None = None
     seed: int = Field(0, ge=0)
 
     @model_validator(mode="before")
@@ -106,7 +111,15 @@ class WorkloadConfig(_Strict):
 
     @property
     def label(self) -> str:
+        """The workload as tables name it: its synthetic name or its trace."""
         return self.name or self.trace
+
+    @property
+    def arrival_process(self) -> str:
+        """``arrivals``, or its default: ``recorded`` for a trace (a user replaying
+        logs wants them as logged), ``poisson`` for a synthetic workload, which has
+        no recorded times."""
+        return self.arrivals or ("recorded" if self.trace is not None else "poisson")
 
 
 class MeasureConfig(_Strict):

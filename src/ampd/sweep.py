@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from ampd.config import RunConfig, SweepConfig, override
 from ampd.core.errors import InputError
-from ampd.experiment import check_runnable, measure_for, perf_model_for, slo_for
+from ampd.experiment import check_runnable, measure_for, perf_model_for, rate_for, slo_for
 from ampd.measure import CAPACITY_ATTAINMENT, TRANSIENT, CapacitySearch, find_capacities
 from ampd.planning import resolve_deployment
 from ampd.runner import PointRunner
@@ -43,10 +43,24 @@ def resolve_measure(config: RunConfig) -> RunConfig:
     return override(config, measure={"warmup_s": plan.warmup_s, "window_s": plan.window_s, "drain_s": plan.drain_s})
 
 
+def resolve_arrivals(config: RunConfig) -> RunConfig:
+    """``config`` with its arrival process explicit, and its rate too unless the
+    arrivals are a trace's recorded times left as recorded (``rate_per_s`` None).
+
+    Raises:
+        InputError: as ``ampd.experiment.rate_for``.
+    """
+    w = config.workload
+    workload = {"arrivals": w.arrival_process}
+    if w.arrival_process == "poisson":
+        workload["rate_per_s"] = rate_for(config)
+    return override(config, workload=workload)
+
+
 def resolve(config: RunConfig) -> RunConfig:
-    """``config`` ready to run and to save: thresholds, measurement and deployment
-    explicit."""
-    return resolve_deployment(resolve_measure(resolve_slo(config)))
+    """``config`` ready to run and to save: arrivals, thresholds, measurement and
+    deployment explicit."""
+    return resolve_deployment(resolve_measure(resolve_slo(resolve_arrivals(config))))
 
 
 def _planned(config: RunConfig, rates_per_s: Sequence[float]) -> RunConfig:
