@@ -8,23 +8,33 @@ runs (``ampd.experiment.measure_for``); ``resolve_measure`` writes them out."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-from ampd.config import RunConfig, SweepConfig, override
+from ampd.config import BUILTIN_PREFIX, RunConfig, SweepConfig, override
 from ampd.core.errors import InputError
+from ampd.core.names import unknown_name
 from ampd.experiment import check_runnable, measure_for, perf_model_for, rate_for, slo_for
 from ampd.measure import CAPACITY_ATTAINMENT, TRANSIENT, CapacitySearch, find_capacities
 from ampd.planning import resolve_deployment
 from ampd.runner import PointRunner
-from ampd.workload import WORKLOADS
+from ampd.workload import BUILTIN_TRACES, WORKLOADS
 
 
 def workload_source(text: str) -> dict:
     """The ``workload`` fields for a command-line workload: a synthetic name
-    (``toolbench``), a shipped trace (``builtin:mooncake-conversation``) or a file."""
+    (``toolbench``), a shipped trace (``builtin:mooncake-conversation``) or a file.
+
+    Raises:
+        InputError: empty, or neither a known name nor an existing file (the
+            message lists the known workloads and shipped traces, closest first).
+    """
     if not text.strip():
         raise InputError("workload: empty name; give a synthetic workload, builtin:<trace> or a file")
     if text.lower() in WORKLOADS:
         return {"name": text.lower(), "trace": None, "trace_format": None}
+    if not text.startswith(BUILTIN_PREFIX) and not Path(text).exists():
+        known = [*WORKLOADS, *(BUILTIN_PREFIX + name for name in BUILTIN_TRACES)]
+        raise InputError(f"{unknown_name('workload', text, known)}; nor is it a trace file (no such file)")
     return {"name": None, "trace": text}
 
 

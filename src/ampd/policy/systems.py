@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ampd.core.errors import InputError
+from ampd.core.names import unknown_name
 from ampd.perf.interface import PerfModel
 from ampd.policy.reorder import Fcfs, QueuePolicy, ReturningFirst, TtftAwareReorder
 from ampd.policy.routing import (
@@ -103,9 +104,9 @@ def get_system(name: str) -> System:
     """The system called ``name``.
 
     Raises:
-        InputError: unknown name (the message lists the known ones).
+        InputError: unknown name (the message lists the known ones, closest first).
     """
     try:
         return SYSTEMS[name]
     except KeyError:
-        raise InputError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}") from None
+        raise InputError(unknown_name("system", name, SYSTEMS)) from None
