@@ -21,7 +21,7 @@ from ampd.core.errors import InputError
 from ampd.core.names import unknown_name
 from ampd.metrics.slo import SloScope
 from ampd.perf import catalog
-from ampd.policy.systems import get_system
+from ampd.policy.systems import Knobs, get_system
 from ampd.workload import BUILTIN_TRACES, FORMATS, WORKLOADS
 
 BUILTIN_PREFIX = "builtin:"
@@ -88,8 +88,9 @@ class SloConfig(_Strict):
 
 
 class PolicyConfig(_Strict):
-    """AMPD's knobs (AMPD.md sections 3.1 and 3.2; paper defaults) and the
-    colocated baselines' ([our choice], docs/SIMULATOR.md)."""
+    """AMPD's knobs (AMPD.md sections 3.1 and 3.2; paper defaults), the
+    colocated baselines' ([our choice], docs/SIMULATOR.md) and Dynamo's
+    conditional-disaggregation thresholds (docs/CONFIG.md gives each one's source)."""
 
     alpha: float = Field(0.9, gt=0)
     beta: float = Field(0.85, gt=0)
@@ -98,6 +99,19 @@ class PolicyConfig(_Strict):
     chunk_tokens: int = Field(2048, ge=1, description="token budget of a chunked-prefill step (vllm-chunked, "
                                                       "continuum); vLLM's default max_num_batched_tokens for serving")
     pin_ttl_s: float = Field(10.0, ge=0, description="how long continuum pins a session's KV after a round")
+    # Dynamo's conditional disaggregation (dynamo-length, dynamo-busy, dynamo-conditional;
+    # ThresholdRouter). Defaults: AMPD.md section 5's description of Dynamo's rules.
+    dynamo_max_local_prefill_tokens: int = Field(2048, ge=1, description="length rule: an uncached prefill of "
+                                                 "fewer tokens may run locally (Dynamo: max_local_prefill_length)")
+    dynamo_max_uncached_ratio: float = Field(0.7, gt=0, le=1, description="length rule: ... and a smaller share "
+                                             "of the whole prompt (the rest cached on the decode worker)")
+    dynamo_busy_queue_tasks: int = Field(2, ge=1, description="busy rule: local when the least loaded prefill "
+                                         "worker has this many tasks waiting (Dynamo: max_prefill_queue_size)")
+
+    def knobs(self) -> Knobs:
+        """The systems' constants (``ampd.policy.systems.Knobs``) these fields set."""
+        return Knobs(self.alpha, self.beta, self.reorder_window, self.dynamo_max_local_prefill_tokens,
+                     self.dynamo_max_uncached_ratio, self.dynamo_busy_queue_tasks)
 
 
 class WorkloadConfig(_Strict):

@@ -30,7 +30,7 @@ from ampd.perf import build_perf_model, catalog
 from ampd.perf.interface import PerfModel
 from ampd.perf.topology import default_topology
 from ampd.policy.routing import SloThresholds
-from ampd.policy.systems import Knobs, System, get_system
+from ampd.policy.systems import System, get_system
 from ampd.sim.cluster import SimCluster, SimResult, WorkerOptions
 from ampd.sim.decode_worker import Batching
 from ampd.slo_rule import derive_slo, reference_tp
@@ -292,7 +292,7 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     sessions = sessions if sessions is not None else sessions_for(config, plan)
     slo = slo_for(config, perf)
     p = config.policy
-    knobs = Knobs(p.alpha, p.beta, p.reorder_window)
+    knobs = p.knobs()
     router = system.make_router(perf, slo, knobs, random.Random(config.seed))
     options = WorkerOptions(p.window_s, Batching(system.batching, p.chunk_tokens), system.kv_retention, p.pin_ttl_s)
     cluster = SimCluster(specs, perf, router, system.make_queue_policy(slo, knobs), options)
