@@ -110,7 +110,7 @@ def test_rate_zero_is_refused_not_ignored(capsys, tmp_path):
 
 def test_trace_chosen_in_a_config_file(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('[workload]\ntrace = "builtin:trtllm-swebench"\nrate_per_s = 0.1\nnum_sessions = 2\n')
+    cfg.write_text('[workload]\ntrace = "builtin:trtllm-swebench"\narrivals = "poisson"\nrate_per_s = 0.1\nnum_sessions = 2\n')
     assert main(["simulate", "--config", str(cfg), "--out", str(tmp_path / "o")]) == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["num_sessions"] == 2 and summary["workload"] == "builtin:trtllm-swebench"

@@ -41,6 +41,7 @@ num_sessions = 15
 rates_per_s = [0.5, 2.0]
 [[sweep.workloads]]
 workload = "builtin:trtllm-swebench"
+arrivals = "poisson"
 rates_per_s = [0.1]
 """)
     assert main(["sweep", "--config", str(toml), "--out", str(tmp_path / "o"), "--jobs", "1", "--quiet"]) == 0

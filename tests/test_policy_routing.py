@@ -90,3 +90,19 @@ def test_threshold_busy_rule_and_the_or_of_both():
     assert both.route(task(hist=10_000, new=500), calm, 0.0).rule == "threshold-length"
     assert both.route(task(hist=0, new=5000), busy, 0.0).rule == "threshold-busy"
     assert both.route(task(hist=0, new=5000), calm, 0.0).rule == "threshold-remote"
+
+
+def test_dynamo_thresholds_come_from_the_configuration():
+    from ampd.config import PolicyConfig
+    from ampd.policy.systems import get_system
+    knobs = PolicyConfig(dynamo_max_local_prefill_tokens=500, dynamo_max_uncached_ratio=0.9,
+                         dynamo_busy_queue_tasks=1).knobs()
+    v = view(decode(0), prefill(1, queue=[queued(0.1)]))
+    length = get_system("dynamo-length").make_router(StubPerf(), SLO, knobs, random.Random(0))
+    # 499 < 500 and 499 / (100 + 499) = 0.83 < 0.9 -> local; 500 tokens -> remote (default 2048 would keep both)
+    assert length.route(task(hist=100, new=499), v, 0.0).local
+    assert not length.route(task(hist=100, new=500), v, 0.0).local
+    busy = get_system("dynamo-busy").make_router(StubPerf(), SLO, knobs, random.Random(0))
+    assert busy.route(task(hist=0, new=5000), v, 0.0).rule == "threshold-busy"  # 1 waiting is busy at 1 (default 2)
+    default = get_system("dynamo-conditional").make_router(StubPerf(), SLO, PolicyConfig().knobs(), random.Random(0))
+    assert (default.max_local_prefill_tokens, default.max_uncached_ratio, default.busy_queue_tasks) == (2048, 0.7, 2)

@@ -38,7 +38,9 @@ def test_rescale_rate_doubles_the_rate():
     faster = rescale_rate(sessions, 2.0)
     assert [s.arrival_s for s in faster] == [0.5, 1.0, 2.0]
     assert [s.rounds for s in faster] == [s.rounds for s in sessions]
-    assert arrival_rate_per_s(faster) == 2 * arrival_rate_per_s(sessions) == 1.5
+    # (n - 1) / span: 2 gaps over 3 s, then over 1.5 s.
+    assert arrival_rate_per_s(sessions) == pytest.approx(2 / 3)
+    assert arrival_rate_per_s(faster) == pytest.approx(4 / 3)
 
 
 def test_take():
@@ -53,6 +55,7 @@ def test_take():
     lambda: poisson_arrivals(-1, 1.0, np.random.default_rng(0)),
     lambda: rescale_rate(_sessions([1.0]), float("nan")),
     lambda: arrival_rate_per_s(_sessions([0.0])),
+    lambda: arrival_rate_per_s(_sessions([3.0, 3.0])),
 ])
 def test_bad_arguments_raise_input_error(call):
     with pytest.raises(InputError):

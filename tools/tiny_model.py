@@ -10,7 +10,9 @@ greedy decoding has clear argmax margins and gives the same tokens whether the
 KV cache was computed locally or loaded from another server. Serve it with
 ``--dtype float32``. The tokenizer is a fixed word-level vocabulary
 (``<unk>``, ``<s>``, ``</s>``, then ``w3`` .. ``w{V-1}``), so it needs no
-training data.
+training data. Its chat template (``CHAT_TEMPLATE``, saved with the tokenizer)
+lets vLLM serve ``/v1/chat/completions``: recent transformers refuse to guess
+a default template.
 """
 
 from __future__ import annotations
@@ -28,10 +30,18 @@ MAX_POSITIONS = 4096
 INIT_RANGE = 0.08
 LM_HEAD_SCALE = 8.0
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
+# One line per message, "role: content", after the BOS token; the generation prompt
+# opens the assistant's line. Words outside the vocabulary (roles, English) are <unk>:
+# the model is for exercising servers, not for text.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def build_tokenizer():
-    """A word-level fast tokenizer over a fixed vocabulary of VOCAB_SIZE ids."""
+    """A word-level fast tokenizer over a fixed vocabulary of VOCAB_SIZE ids, with
+    ``CHAT_TEMPLATE``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -46,7 +56,15 @@ def build_tokenizer():
         bos_token="<s>",
         eos_token="</s>",
         model_max_length=MAX_POSITIONS,
+        chat_template=CHAT_TEMPLATE,
     )
+
+
+def write_tokenizer(out_dir: Path) -> None:
+    """Save ``build_tokenizer()`` to ``out_dir``, its chat template inside
+    tokenizer_config.json (not a separate chat_template.jinja), where every
+    reader of the model, older transformers included, looks for it."""
+    build_tokenizer().save_pretrained(out_dir, save_jinja_files=False)
 
 
 def build_model(seed: int):
@@ -110,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     model = build_model(args.seed)
     model.save_pretrained(args.out_dir, safe_serialization=True)
-    build_tokenizer().save_pretrained(args.out_dir)
+    write_tokenizer(args.out_dir)
     prompt = [(7 * i + 3) % (VOCAB_SIZE - 3) + 3 for i in range(40)]
     tokens, margin = greedy_check(model, prompt, 16)
     print(f"greedy check: {tokens} (smallest top-2 logit margin {margin:.3f})")

@@ -1,21 +1,47 @@
 """The one typed run configuration (DESIGN.md section 7): loadable from TOML,
 overridable from the command line, saved beside every result.
 
-Validation errors name the field (and the file when loaded from one).
+Validation errors name the field (and the file when loaded from one), every bad
+field of a file in one error; an unknown name (a key, a system, model, GPU,
+workload or trace format) is answered with the known ones, closest first.
 """
 
 from __future__ import annotations
 
 import json
 import tomllib
+import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ampd.core.errors import InputError
+from ampd.core.names import unknown_name
 from ampd.metrics.slo import SloScope
-from ampd.workload import FORMATS
+from ampd.perf import catalog
+from ampd.policy.systems import Knobs, get_system
+from ampd.workload import BUILTIN_TRACES, FORMATS, WORKLOADS
+
+BUILTIN_PREFIX = "builtin:"
+
+
+def _looked_up(lookup: Callable[[str], object], name: str) -> str:
+    """``name``, once ``lookup`` (a catalog or registry lookup) finds it; its
+    InputError becomes the ValueError pydantic collects with the other fields'."""
+    try:
+        lookup(name)
+    except InputError as err:
+        raise ValueError(str(err)) from None
+    return name
+
+
+def _one_of(kind: str, name: str, known: Iterable[str]) -> str:
+    known = list(known)
+    if name not in known:
+        raise ValueError(unknown_name(kind, name, known))
+    return name
 
 
 class _Strict(BaseModel):
@@ -42,6 +68,16 @@ class ClusterConfig(_Strict):
     nvlink_gb_per_s: float | None = Field(None, gt=0, description="per GPU, both directions; None: the GPU's "
                                                                   "datasheet figure (H20: 900 GB/s)")
 
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        return _looked_up(catalog.model, name)
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, name: str) -> str:
+        return _looked_up(catalog.gpu, name)
+
 
 class SloConfig(_Strict):
     """SLO thresholds; None means derived by the rule in ``ampd.slo_rule``."""
@@ -52,8 +88,9 @@ class SloConfig(_Strict):
 
 
 class PolicyConfig(_Strict):
-    """AMPD's knobs (AMPD.md sections 3.1 and 3.2; paper defaults) and the
-    colocated baselines' ([our choice], docs/SIMULATOR.md)."""
+    """AMPD's knobs (AMPD.md sections 3.1 and 3.2; paper defaults), the
+    colocated baselines' ([our choice], docs/SIMULATOR.md) and Dynamo's
+    conditional-disaggregation thresholds (docs/CONFIG.md gives each one's source)."""
 
     alpha: float = Field(0.9, gt=0)
     beta: float = Field(0.85, gt=0)
@@ -62,6 +99,19 @@ class PolicyConfig(_Strict):
     chunk_tokens: int = Field(2048, ge=1, description="token budget of a chunked-prefill step (vllm-chunked, "
                                                       "continuum); vLLM's default max_num_batched_tokens for serving")
     pin_ttl_s: float = Field(10.0, ge=0, description="how long continuum pins a session's KV after a round")
+    # Dynamo's conditional disaggregation (dynamo-length, dynamo-busy, dynamo-conditional;
+    # ThresholdRouter). Defaults: AMPD.md section 5's description of Dynamo's rules.
+    dynamo_max_local_prefill_tokens: int = Field(2048, ge=1, description="length rule: an uncached prefill of "
+                                                 "fewer tokens may run locally (Dynamo: max_local_prefill_length)")
+    dynamo_max_uncached_ratio: float = Field(0.7, gt=0, le=1, description="length rule: ... and a smaller share "
+                                             "of the whole prompt (the rest cached on the decode worker)")
+    dynamo_busy_queue_tasks: int = Field(2, ge=1, description="busy rule: local when the least loaded prefill "
+                                         "worker has this many tasks waiting (Dynamo: max_prefill_queue_size)")
+
+    def knobs(self) -> Knobs:
+        """The systems' constants (``ampd.policy.systems.Knobs``) these fields set."""
+        return Knobs(self.alpha, self.beta, self.reorder_window, self.dynamo_max_local_prefill_tokens,
+                     self.dynamo_max_uncached_ratio, self.dynamo_busy_queue_tasks)
 
 
 class WorkloadConfig(_Strict):
@@ -71,17 +121,22 @@ class WorkloadConfig(_Strict):
     ``num_sessions``: None (the default) runs sessions for as long as the
     ``measure`` section says (a steady-state run; a trace is repeated as often as
     needed); a number runs exactly that many (a transient, for traces and
-    tests). ``arrivals``: ``poisson`` draws new arrivals at ``rate_per_s``;
-    ``recorded`` keeps a trace's own arrival pattern, rescaled to ``rate_per_s``
-    and repeated back to back.
+    tests). ``arrivals`` (None: ``arrival_process``'s default): ``recorded``
+    keeps a trace's own arrival times, exactly as recorded unless ``rate_per_s``
+    is set (then divided by ``rate_per_s`` / the trace's rate,
+    ``ampd.workload.arrival_rate_per_s``), and repeats them back to back;
+    ``poisson`` draws new arrivals at ``rate_per_s``. ``rate_per_s`` None: the
+    trace's own rate, or ``DEFAULT_RATE_PER_S`` for a synthetic workload
+    (``ampd.experiment.rate_for``). Both stay None in a saved configuration when
+    unset, so a run repeats with the same defaults.
     """
 
     name: str | None = None
     trace: str | None = None
     trace_format: str | None = None
     num_sessions: int | None = Field(None, ge=1)
-    rate_per_s: float = Field(1.0, gt=0)
-    arrivals: Literal["poisson", "recorded"] = "poisson"
+    rate_per_s: float | None = Field(None, gt=0)
+    arrivals: Literal["poisson", "recorded"] | None = None
     seed: int = Field(0, ge=0)
 
     @model_validator(mode="before")
@@ -92,21 +147,46 @@ class WorkloadConfig(_Strict):
             return {**data, "name": "toolbench"}
         return data
 
+    @field_validator("name")
+    @classmethod
+    def _known_workload(cls, name: str | None) -> str | None:
+        return name if name is None else _one_of("workload", name, WORKLOADS)
+
+    @field_validator("trace")
+    @classmethod
+    def _known_builtin(cls, trace: str | None) -> str | None:
+        """A shipped trace's name; a file path is read (and named if missing) when the run starts."""
+        if trace is None or not trace.startswith(BUILTIN_PREFIX):
+            return trace
+        _one_of("built-in trace", trace.removeprefix(BUILTIN_PREFIX), BUILTIN_TRACES)
+        return trace
+
+    @field_validator("trace_format")
+    @classmethod
+    def _known_format(cls, fmt: str | None) -> str | None:
+        return fmt if fmt is None else _one_of("trace_format", fmt, FORMATS)
+
     @model_validator(mode="after")
     def _one_source(self) -> "WorkloadConfig":
         if (self.name is None) == (self.trace is None):
             raise ValueError("give exactly one of workload.name and workload.trace")
         if self.trace_format is not None and self.trace is None:
             raise ValueError("workload.trace_format applies to workload.trace only")
-        if self.trace_format is not None and self.trace_format not in FORMATS:
-            raise ValueError(f"unknown trace_format {self.trace_format!r}; known: {', '.join(FORMATS)}")
         if self.arrivals == "recorded" and self.trace is None:
             raise ValueError("workload.arrivals 'recorded' needs a trace (a synthetic workload has no recorded times)")
         return self
 
     @property
     def label(self) -> str:
+        """The workload as tables name it: its synthetic name or its trace."""
         return self.name or self.trace
+
+    @property
+    def arrival_process(self) -> str:
+        """``arrivals``, or its default: ``recorded`` for a trace (a user replaying
+        logs wants them as logged), ``poisson`` for a synthetic workload, which has
+        no recorded times."""
+        return self.arrivals or ("recorded" if self.trace is not None else "poisson")
 
 
 class MeasureConfig(_Strict):
@@ -212,6 +292,11 @@ class RunConfig(_Strict):
     measure: MeasureConfig = MeasureConfig()
     serve: ServeConfig = ServeConfig()
 
+    @field_validator("system")
+    @classmethod
+    def _known_system(cls, name: str) -> str:
+        return _looked_up(get_system, name)
+
     @model_validator(mode="after")
     def _measure_needs_a_steady_run(self) -> "RunConfig":
         set_fields = [k for k, v in self.measure.model_dump().items() if v is not None]
@@ -252,21 +337,56 @@ class SweepConfig(_Strict):
     capacity_attainment: float = Field(0.9, gt=0, le=1, description="the attainment a capacity keeps (AMPD.md "
                                                                      "section 6: 90 %)")
 
+    @field_validator("systems")
+    @classmethod
+    def _known_systems(cls, names: list[str]) -> list[str]:
+        return [_looked_up(get_system, n) for n in names]
 
-def _errors_text(err: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in err.errors())
+
+def _fields_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names of the section ``loc`` leads to from ``model`` (list
+    indices step into the list's items); [] when it leads nowhere."""
+    annotation: object = model
+    for part in loc:
+        if isinstance(part, int):
+            annotation = next(iter(typing.get_args(annotation)), None)
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel) and part in annotation.model_fields:
+            annotation = annotation.model_fields[part].annotation
+        else:
+            return []
+    return list(annotation.model_fields) if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
+
+
+def _errors_text(err: ValidationError, model: type[BaseModel], prefix: str = "") -> list[str]:
+    """One ``field: problem`` per error of ``err`` (raised validating ``model``);
+    an unknown key lists its section's fields, closest first."""
+    texts = []
+    for e in err.errors():
+        where = prefix + (".".join(str(p) for p in e["loc"]) or "(top)")
+        if e["type"] == "extra_forbidden":
+            texts.append(f"{where}: {unknown_name('field', e['loc'][-1], _fields_at(model, e['loc'][:-1]))}")
+        else:
+            texts.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
+    return texts
 
 
 def parse_config(data: dict, source: str = "configuration") -> RunConfig:
     """Validate a nested dict into a RunConfig.
 
     Raises:
-        InputError: naming ``source`` and each bad field.
+        InputError: naming ``source`` and every bad field.
     """
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise InputError(f"{source}: {_errors_text(err)}") from None
+        raise InputError(_problems(source, _errors_text(err, RunConfig))) from None
+
+
+def _problems(source: str, errors: list[str]) -> str:
+    """One error on the line that names ``source``; several one a line below it."""
+    if len(errors) == 1:
+        return f"{source}: {errors[0]}"
+    return f"{source}: {len(errors)} problems:\n" + "\n".join(f"  - {e}" for e in errors)
 
 
 def _read(path: Path) -> dict:
@@ -296,18 +416,26 @@ def load_config(path: str | Path) -> tuple[RunConfig, SweepConfig | None]:
     configuration and, if the file has a ``sweep`` table, the sweep.
 
     Raises:
-        InputError: the file is missing, unreadable, or has a bad field (named).
+        InputError: the file is missing or unreadable, or has bad fields: every
+            one of them named in one message, the sweep's with the others.
     """
     path = Path(path)
     data = _read(path)
     sweep_data = data.pop("sweep", None)
-    config = parse_config(data, str(path))
-    if sweep_data is None:
-        return config, None
+    errors: list[str] = []
+    config = sweep = None
     try:
-        return config, SweepConfig.model_validate(sweep_data)
+        config = RunConfig.model_validate(data)
     except ValidationError as err:
-        raise InputError(f"{path}: sweep.{_errors_text(err)}") from None
+        errors += _errors_text(err, RunConfig)
+    if sweep_data is not None:
+        try:
+            sweep = SweepConfig.model_validate(sweep_data)
+        except ValidationError as err:
+            errors += _errors_text(err, SweepConfig, "sweep.")
+    if errors:
+        raise InputError(_problems(str(path), errors))
+    return config, sweep
 
 
 def override(config: RunConfig, **changes: dict) -> RunConfig:

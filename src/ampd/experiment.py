@@ -30,18 +30,22 @@ from ampd.perf import build_perf_model, catalog
 from ampd.perf.interface import PerfModel
 from ampd.perf.topology import default_topology
 from ampd.policy.routing import SloThresholds
-from ampd.policy.systems import Knobs, System, get_system
+from ampd.policy.systems import System, get_system
 from ampd.sim.cluster import SimCluster, SimResult, WorkerOptions
 from ampd.sim.decode_worker import Batching
 from ampd.slo_rule import derive_slo, reference_tp
 from ampd.workload import (
-    builtin_trace, cycled, load_any, poisson_arrivals, poisson_until, repeated, sampled, synthetic_sessions,
-    with_arrivals)
+    arrival_rate_per_s, builtin_trace, cycled, load_any, poisson_arrivals, poisson_until, repeated, sampled,
+    synthetic_sessions, with_arrivals)
 
 # [our choice] Sessions of a synthetic workload that stand for it where a run needs its
 # statistics (SLO thresholds, unloaded lifetime): enough that the means move by < 1 %
 # between seeds; a trace stands for itself (all its sessions, once).
 SAMPLE_SESSIONS = 1000
+
+# A synthetic workload's arrival rate when none is configured (sessions/s); a trace's
+# default is its own rate (``rate_for``).
+DEFAULT_RATE_PER_S = 1.0
 
 
 @dataclass
@@ -69,7 +73,8 @@ class RunOutput:
         """The run as one flat row: what ran, the summary and the verdict."""
         c = self.config
         plan = {"warmup_s": self.plan.warmup_s, "window_s": self.plan.window_s} if self.plan else {}
-        return {"system": c.system, "workload": c.workload.label, "rate_per_s": c.workload.rate_per_s,
+        return {"system": c.system, "workload": c.workload.label, "rate_per_s": rate_for(c),
+                "arrivals": c.workload.arrival_process, "arrivals_scale": arrivals_scale(c),
                 "model": c.cluster.model, "num_gpus": c.cluster.num_gpus, "deployment": c.cluster.deployment,
                 "ttft_slo_s": self.slo.ttft_s, "itl_slo_s": self.slo.itl_s, **self.summary.to_dict(),
                 **self.stability.to_dict(), **plan, "num_sessions_run": len(self.result.sessions),
@@ -126,7 +131,7 @@ def session_stream(config: RunConfig) -> Iterator[Session]:
     w = config.workload
     if w.name is not None:
         return synthetic_sessions(w.name, _rngs(config)[0])
-    if w.num_sessions is not None or w.arrivals == "recorded":
+    if w.num_sessions is not None or w.arrival_process == "recorded":
         return cycled(_trace(config))
     return sampled(_trace(config), _rngs(config)[0])
 
@@ -146,24 +151,57 @@ def measure_for(config: RunConfig, perf: PerfModel | None = None) -> MeasurePlan
     perf = perf or perf_model_for(config)
     lifetime_s = unloaded_lifetime_s(perf, sample_sessions(config), reference_tp(perf))
     m = config.measure
-    return measure_plan(lifetime_s, config.workload.rate_per_s, m.warmup_s, m.window_s, m.drain_s)
+    return measure_plan(lifetime_s, rate_for(config), m.warmup_s, m.window_s, m.drain_s)
+
+
+def rate_for(config: RunConfig) -> float:
+    """The run's arrival rate, sessions/s: ``workload.rate_per_s`` when set; else
+    a trace's own rate (``ampd.workload.arrival_rate_per_s``: ``(n - 1) / span``),
+    or ``DEFAULT_RATE_PER_S`` for a synthetic workload.
+
+    Raises:
+        InputError: no rate set and a trace whose sessions do not arrive at
+            different times (it has no rate of its own).
+    """
+    w = config.workload
+    if w.rate_per_s is not None:
+        return w.rate_per_s
+    if w.trace is None:
+        return DEFAULT_RATE_PER_S
+    return _trace_rate_per_s(config)
+
+
+def _trace_rate_per_s(config: RunConfig) -> float:
+    try:
+        return arrival_rate_per_s(_trace(config))
+    except InputError:
+        raise InputError(f"workload.trace {config.workload.trace}: its sessions do not arrive at different times, "
+                         f"so it has no rate of its own; give arrivals = 'poisson' and a rate_per_s "
+                         f"(--arrivals poisson --rate R)") from None
+
+
+def arrivals_scale(config: RunConfig) -> float | None:
+    """What recorded arrival times are divided by: the configured rate over the
+    trace's own (1 when no rate is set: the times exactly as recorded); None for
+    Poisson arrivals.
+
+    Raises:
+        InputError: as ``rate_for``.
+    """
+    if config.workload.arrival_process != "recorded":
+        return None
+    return rate_for(config) / _trace_rate_per_s(config)
 
 
 def _recorded_times(config: RunConfig) -> Iterator[float]:
-    """The trace's arrival pattern rescaled so that ``(n - 1) / span`` is the
-    configured rate, repeated for ever (``ampd.workload.repeated``).
+    """The trace's arrival times divided by ``arrivals_scale``, repeated back to
+    back for ever (``ampd.workload.repeated``).
 
     Raises:
-        InputError: the trace's sessions all arrive at one time.
+        InputError: as ``rate_for``.
     """
-    trace = _trace(config)
-    start_s = trace[0].arrival_s
-    span_s = trace[-1].arrival_s - start_s
-    if len(trace) < 2 or span_s <= 0:
-        raise InputError(f"workload.trace: {config.workload.trace}: every session arrives at the same time; "
-                         f"use arrivals = 'poisson'")
-    factor = config.workload.rate_per_s * span_s / (len(trace) - 1)
-    return repeated([(s.arrival_s - start_s) / factor for s in trace])
+    scale = arrivals_scale(config)
+    return repeated([s.arrival_s / scale for s in _trace(config)])
 
 
 def sessions_for(config: RunConfig, plan: MeasurePlan | None = None) -> list[Session]:
@@ -181,14 +219,14 @@ def sessions_for(config: RunConfig, plan: MeasurePlan | None = None) -> list[Ses
         raise InputError(f"workload.num_sessions = {n}, but trace {w.trace} holds {len(_trace(config))} sessions; "
                          f"leave num_sessions unset for a steady-state run, which repeats the trace")
     horizon_s = (plan or measure_for(config)).horizon_s if n is None else None
-    if w.trace is not None and w.arrivals == "recorded":
+    if w.arrival_process == "recorded":
         pattern = _recorded_times(config)
         times = (list(itertools.islice(pattern, n)) if n is not None
                  else list(itertools.takewhile(lambda t: t < horizon_s, pattern)))
     elif n is None:
-        times = poisson_until(horizon_s, w.rate_per_s, _rngs(config)[1])
+        times = poisson_until(horizon_s, rate_for(config), _rngs(config)[1])
     else:
-        times = poisson_arrivals(n, w.rate_per_s, _rngs(config)[1])
+        times = poisson_arrivals(n, rate_for(config), _rngs(config)[1])
     return with_arrivals(session_stream(config), times)
 
 
@@ -254,7 +292,7 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     sessions = sessions if sessions is not None else sessions_for(config, plan)
     slo = slo_for(config, perf)
     p = config.policy
-    knobs = Knobs(p.alpha, p.beta, p.reorder_window)
+    knobs = p.knobs()
     router = system.make_router(perf, slo, knobs, random.Random(config.seed))
     options = WorkerOptions(p.window_s, Batching(system.batching, p.chunk_tokens), system.kv_retention, p.pin_ttl_s)
     cluster = SimCluster(specs, perf, router, system.make_queue_policy(slo, knobs), options)
@@ -263,6 +301,6 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
         result = cluster.run(sessions)
         summary = summarize(result.sessions, slo.ttft_s, slo.itl_s, scope)
         return RunOutput(config, slo, summary, result, None, Stability(TRANSIENT, "a fixed number of sessions"))
-    result = cluster.run(sessions, plan.limits(config.workload.rate_per_s))
+    result = cluster.run(sessions, plan.limits(rate_for(config)))
     summary, stability = measure_window(result.sessions, plan, slo.ttft_s, slo.itl_s, scope, result.stopped)
     return RunOutput(config, slo, summary, result, plan, stability)

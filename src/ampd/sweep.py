@@ -8,23 +8,33 @@ runs (``ampd.experiment.measure_for``); ``resolve_measure`` writes them out."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
-from ampd.config import RunConfig, SweepConfig, override
+from ampd.config import BUILTIN_PREFIX, RunConfig, SweepConfig, override
 from ampd.core.errors import InputError
-from ampd.experiment import check_runnable, measure_for, perf_model_for, slo_for
+from ampd.core.names import unknown_name
+from ampd.experiment import check_runnable, measure_for, perf_model_for, rate_for, slo_for
 from ampd.measure import CAPACITY_ATTAINMENT, TRANSIENT, CapacitySearch, find_capacities
 from ampd.planning import resolve_deployment
 from ampd.runner import PointRunner
-from ampd.workload import WORKLOADS
+from ampd.workload import BUILTIN_TRACES, WORKLOADS
 
 
 def workload_source(text: str) -> dict:
     """The ``workload`` fields for a command-line workload: a synthetic name
-    (``toolbench``), a shipped trace (``builtin:mooncake-conversation``) or a file."""
+    (``toolbench``), a shipped trace (``builtin:mooncake-conversation``) or a file.
+
+    Raises:
+        InputError: empty, or neither a known name nor an existing file (the
+            message lists the known workloads and shipped traces, closest first).
+    """
     if not text.strip():
         raise InputError("workload: empty name; give a synthetic workload, builtin:<trace> or a file")
     if text.lower() in WORKLOADS:
         return {"name": text.lower(), "trace": None, "trace_format": None}
+    if not text.startswith(BUILTIN_PREFIX) and not Path(text).exists():
+        known = [*WORKLOADS, *(BUILTIN_PREFIX + name for name in BUILTIN_TRACES)]
+        raise InputError(f"{unknown_name('workload', text, known)}; nor is it a trace file (no such file)")
     return {"name": None, "trace": text}
 
 
@@ -43,10 +53,24 @@ def resolve_measure(config: RunConfig) -> RunConfig:
     return override(config, measure={"warmup_s": plan.warmup_s, "window_s": plan.window_s, "drain_s": plan.drain_s})
 
 
+def resolve_arrivals(config: RunConfig) -> RunConfig:
+    """``config`` with its arrival process explicit, and its rate too unless the
+    arrivals are a trace's recorded times left as recorded (``rate_per_s`` None).
+
+    Raises:
+        InputError: as ``ampd.experiment.rate_for``.
+    """
+    w = config.workload
+    workload = {"arrivals": w.arrival_process}
+    if w.arrival_process == "poisson":
+        workload["rate_per_s"] = rate_for(config)
+    return override(config, workload=workload)
+
+
 def resolve(config: RunConfig) -> RunConfig:
-    """``config`` ready to run and to save: thresholds, measurement and deployment
-    explicit."""
-    return resolve_deployment(resolve_measure(resolve_slo(config)))
+    """``config`` ready to run and to save: arrivals, thresholds, measurement and
+    deployment explicit."""
+    return resolve_deployment(resolve_measure(resolve_slo(resolve_arrivals(config))))
 
 
 def _planned(config: RunConfig, rates_per_s: Sequence[float]) -> RunConfig:

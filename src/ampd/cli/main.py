@@ -9,7 +9,7 @@ import sys
 
 from ampd.cli import plan, replay, reproduce, serve
 from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_int
-from ampd.cli.tables import capacity_table, print_table, summary_table
+from ampd.cli.tables import arrivals_text, capacity_table, print_table, summary_table
 from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
 from ampd.core.errors import AmpdError, InputError
 from ampd.experiment import simulate
@@ -50,7 +50,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     row = out.row()
     print_table(summary_table(f"{config.cluster.model} on {config.cluster.num_gpus} x {config.cluster.gpu}, "
                               f"{config.cluster.deployment}; SLO TTFT {out.slo.ttft_s:.2f} s, "
-                              f"ITL {1000 * out.slo.itl_s:.0f} ms ({config.slo.scope.value} scope)", [row]))
+                              f"ITL {1000 * out.slo.itl_s:.0f} ms ({config.slo.scope.value} scope); "
+                              f"{arrivals_text(row)}", [row]))
     print(measurement_note(row))
     write_json(out_dir / "config.json", config.model_dump(mode="json"))
     write_json(out_dir / "summary.json", row)
@@ -99,8 +100,9 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     rows = run(configs)
     capacities = sweep_capacities(sweep, configs, rows, run) if sweep.capacity else []
     c = base.cluster
-    title = f"{c.model} on {c.num_gpus} x {c.gpu}; {_thresholds(rows)}"
-    print_table(summary_table(f"{title}; deployments: {_deployments(rows)}", rows))
+    cluster = f"{c.model} on {c.num_gpus} x {c.gpu}"
+    print_table(summary_table(f"{cluster}; {'; '.join(_workload_notes(rows))}; deployments: {_deployments(rows)}",
+                              rows))
     transient = any(r["verdict"] == TRANSIENT for r in rows)
     print("transient runs (fixed session counts): figures change with --num-sessions" if transient else
           "steady-state runs; 'unstable' = overloaded (attainment still moving with the run's length)")
@@ -110,15 +112,16 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     write_json(out_dir / "sweep.json", {"rows": rows, "capacities": capacities,
                                         "configs": [resolve_measure(x).model_dump(mode="json") for x in configs]})
     write_csv(out_dir / "sweep.csv", rows)
-    plot_attainment(rows, out_dir / "sweep.png", title,
+    plot_attainment(rows, out_dir / "sweep.png", "\n".join([cluster, *_workload_notes(rows)]),
                     {(r["workload"], r["system"]): r["capacity_per_s"] for r in capacities})
     print(f"results in {out_dir}/ (sweep.json with every run's configuration, sweep.csv, sweep.png)")
 
 
-def _thresholds(rows: list[dict]) -> str:
-    by_workload = {r["workload"]: (r["ttft_slo_s"], r["itl_slo_s"], r["scope"]) for r in rows}
-    return "; ".join(f"{w}: SLO TTFT {t:.2f} s, ITL {1000 * i:.0f} ms ({scope})"
-                     for w, (t, i, scope) in by_workload.items())
+def _workload_notes(rows: list[dict]) -> list[str]:
+    """Each workload's SLO thresholds and arrivals, as the sweep's titles say them."""
+    by_workload = {r["workload"]: (r["ttft_slo_s"], r["itl_slo_s"], r["scope"], arrivals_text(r)) for r in rows}
+    return [f"{w}: SLO TTFT {t:.2f} s, ITL {1000 * i:.0f} ms ({scope}), {arrivals}"
+            for w, (t, i, scope, arrivals) in by_workload.items()]
 
 
 def _deployments(rows: list[dict]) -> str:
@@ -135,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(sim)
     sim.add_argument("--system", help=f"one of {', '.join(SYSTEMS)} (default: ampd)")
     sim.add_argument("--workload", help="toolbench|gaia|hotpotqa|dureader, builtin:<trace>, or a trace file")
-    sim.add_argument("--rate", type=float, help="session arrival rate (sessions/s)")
+    sim.add_argument("--rate", type=float, help="session arrival rate (sessions/s); default: a trace's own rate "
+                                                "(its recorded times unchanged), 1 for a synthetic workload")
     sim.set_defaults(func=cmd_simulate)
     sw = sub.add_parser("sweep", help="simulate systems x workloads x rates; table and PNG")
     add_run_options(sw)

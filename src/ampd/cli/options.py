@@ -50,7 +50,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                                                   "10 lifetimes, at least 2,000 sessions)")
     p.add_argument("--drain-s", type=float, help="steady-state run: longest wait after the window for its "
                                                  "sessions (default: 10 lifetimes or a quarter of the window)")
-    p.add_argument("--arrivals", choices=["poisson", "recorded"], help="arrival process for traces")
+    p.add_argument("--arrivals", choices=["poisson", "recorded"],
+                   help="recorded (a trace's default: its own arrival times, rescaled only when a rate is given) "
+                        "or poisson (a synthetic workload's default and only choice; a trace's sessions then "
+                        "arrive at random at the rate)")
     p.add_argument("--trace-format", help="format of a trace file (default: guessed): ampd, trtllm, mooncake, "
                                           "tracelab, session-delay")
     p.add_argument("--seed", type=int, help="seed of the workload and the router")

@@ -16,6 +16,7 @@ from scipy.stats import spearmanr
 from ampd.cli.options import add_run_options, config_from_args, output_dir
 from ampd.cli.tables import attainment_text, print_table
 from ampd.config import RunConfig, override
+from ampd.experiment import rate_for
 from ampd.measure import STABLE
 from ampd.metrics.report import write_json
 from ampd.planner import AMPD_LOCAL_SHARE, SOLVERS, Plan, enumerate_plans, estimate_tau
@@ -156,7 +157,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     plans = plan_for(config, args.top_k, share, args.solver)
     planning_s = time.perf_counter() - start
     c, w = config.cluster, config.workload
-    print_table(_plans_table(f"{c.model} on {c.num_gpus} x {c.gpu}, {w.label} at {w.rate_per_s:g} sessions/s, "
+    print_table(_plans_table(f"{c.model} on {c.num_gpus} x {c.gpu}, {w.label} at {rate_for(config):g} sessions/s "
+                             f"({w.arrival_process} arrivals), "
                              f"SLO TTFT {config.slo.ttft_s:.2f} s, ITL {1000 * config.slo.itl_s:.0f} ms; "
                              f"local share {share:g}; {args.solver}, {planning_s:.2f} s", plans))
     result = {"config": config.model_dump(mode="json"), "local_share": share, "solver": args.solver,

@@ -11,10 +11,10 @@ import time
 import httpx
 
 from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_float, positive_int
-from ampd.cli.tables import print_table, summary_table
+from ampd.cli.tables import arrivals_text, print_table, summary_table
 from ampd.config import override
 from ampd.core.errors import InputError
-from ampd.experiment import measure_for, perf_model_for, sessions_for, slo_for
+from ampd.experiment import arrivals_scale, measure_for, perf_model_for, rate_for, sessions_for, slo_for
 from ampd.metrics.report import round_rows, write_csv, write_json
 from ampd.serve.clock import ScaledClock
 from ampd.serve.replay import DEFAULT_TIMEOUT_S, DEFAULT_VOCAB_SIZE, ReplayResult, replay_sync
@@ -93,11 +93,12 @@ def run_from_args(args: argparse.Namespace) -> ReplayResult:
     result = replay_sync(args.url, sessions, model=model, clock=ScaledClock(args.time_scale), ttft_slo_s=slo.ttft_s,
                          itl_slo_s=slo.itl_s, scope=config.slo.scope, vocab_size=args.vocab_size, seed=config.seed,
                          timeout_s=args.timeout_s, progress=not args.quiet, plan=plan)
-    row = {"system": config.system, "workload": config.workload.label, "rate_per_s": config.workload.rate_per_s,
+    row = {"system": config.system, "workload": config.workload.label, "rate_per_s": rate_for(config),
+           "arrivals": config.workload.arrival_process, "arrivals_scale": arrivals_scale(config),
            **result.summary.to_dict(), **result.stability.to_dict()}
     print_table(summary_table(f"replay against {args.url} ({model}, time scale {args.time_scale:g}); "
                               f"SLO TTFT {slo.ttft_s:.2f} s, ITL {1000 * slo.itl_s:.0f} ms "
-                              f"({config.slo.scope.value} scope)", [row]))
+                              f"({config.slo.scope.value} scope); {arrivals_text(row)}", [row]))
     print(f"{result.stability.verdict}: {result.stability.reason}" if result.stability.reason else
           result.stability.verdict)
     write_json(out_dir / "config.json", config.model_dump(mode="json"))

@@ -24,7 +24,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     print("finding each cell's reference capacity (plain PD disaggregation, even split)")
     cells = prepare(grid.cells(args.quick), run)
     fractions = grid.QUICK_RATE_FRACTIONS if args.quick else grid.RATE_FRACTIONS
-    print(f"{len(cells)} cells; searching each system's best deployment")
+    print(f"{len(cells)} cells (synthetic workloads, Poisson arrivals); searching each system's best deployment")
     best = search_best(cells, run, args.quick)
     print("grid of rates, then each system's capacity")
     entries = grid_entries(cells, best)

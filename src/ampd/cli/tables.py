@@ -30,6 +30,18 @@ def attainment_text(row: dict) -> str:
     return "unstable"
 
 
+def arrivals_text(row: dict) -> str:
+    """Which arrivals a run (a row of ``RunOutput.row``) used, as its table's title
+    says it: Poisson, or a trace's recorded times as recorded or rescaled (by how
+    much, and from which rate of its own, ``ampd.workload.arrival_rate_per_s``)."""
+    if row["arrivals"] == "poisson":
+        return "Poisson arrivals"
+    if row["arrivals_scale"] == 1.0:
+        return "recorded arrivals, at the trace's own times"
+    own_per_s = row["rate_per_s"] / row["arrivals_scale"]
+    return f"recorded arrivals, rescaled from the trace's own {own_per_s:.4g} sessions/s"
+
+
 def summary_table(title: str, rows: Sequence[dict]) -> Table:
     """One row per run: attainment, TTFT and ITL percentiles, local share; the
     latencies of an unstable point are left out with its attainment."""

@@ -35,7 +35,10 @@ def plot_attainment(rows: Sequence[dict], path: Path, title: str = "",
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     systems = list(dict.fromkeys(r["system"] for r in rows))
     colours = {s: f"C{i % 10}" for i, s in enumerate(systems)}
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4.4), squeeze=False)
+    # Constrained layout keeps a title of several lines and the legend below the panels
+    # from squeezing or clipping them.
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4.4 + 0.2 * title.count("\n")),
+                             squeeze=False, layout="constrained")
     for ax, workload in zip(axes[0], workloads):
         for system in systems:
             pts = sorted((r["rate_per_s"], 100 * r["slo_attainment"], r.get("verdict", "stable")) for r in rows
@@ -45,7 +48,8 @@ def plot_attainment(rows: Sequence[dict], path: Path, title: str = "",
                 ax.plot([p[0] for p in segment], [p[1] for p in segment], style, marker="o", color=colours[system],
                         label=system if i == 0 else None)
             unstable = [x for x, _, v in pts if v == "unstable"]
-            ax.plot(unstable, [0.0] * len(unstable), "x", color=colours[system], alpha=0.7, clip_on=False)
+            if unstable:  # an empty unclipped line still claims the figure's origin and collapses the layout
+                ax.plot(unstable, [0.0] * len(unstable), "x", color=colours[system], alpha=0.7, clip_on=False)
             capacity = (capacities or {}).get((workload, system))
             if capacity:
                 ax.axvline(capacity, color=colours[system], linestyle=":", linewidth=1.2)
@@ -55,13 +59,16 @@ def plot_attainment(rows: Sequence[dict], path: Path, title: str = "",
         ax.set_ylabel(f"SLO attainment (%, {scope} scope)")
         ax.set_ylim(-3, 103)
         ax.grid(alpha=0.3)
-        ax.plot([], [], "x", color="grey", label="unstable (overloaded)")
-        if capacities:
-            ax.plot([], [], ":", color="grey", label="capacity")
-        ax.legend(loc="lower left", fontsize=8)
+    ax.plot([], [], "x", color="grey", label="unstable (overloaded)")
+    if capacities:
+        ax.plot([], [], ":", color="grey", label="capacity")
+    # One legend for every panel, outside them, so it never covers a point; a system
+    # missing from the last panel still gets its entry.
+    labelled = {label: handle for a in axes[0] for handle, label in zip(*a.get_legend_handles_labels())}
+    fig.legend(labelled.values(), labelled.keys(), loc="outside lower center", ncol=min(6, len(labelled)),
+               fontsize=8)
     if title:
-        fig.suptitle(title, fontsize=10, wrap=True)
-    fig.tight_layout()
+        fig.suptitle(title, fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ampd.core.errors import InputError
+from ampd.core.names import unknown_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +122,7 @@ def _lookup(kind: str, name: str, table: tuple) -> object:
     by_key = {entry.name.lower(): entry for entry in table}
     found = by_key.get(str(name).strip().lower())
     if found is None:
-        known = ", ".join(entry.name for entry in table)
-        raise InputError(f"unknown {kind} {name!r}; known: {known}")
+        raise InputError(unknown_name(kind, name, (entry.name for entry in table)))
     return found
 
 
@@ -130,7 +130,8 @@ def gpu(name: str) -> GpuSpec:
     """The catalog GPU called ``name`` (case-insensitive).
 
     Raises:
-        InputError: no such GPU; the message names it and lists the known ones.
+        InputError: no such GPU; the message names it and lists the known ones,
+        closest first.
     """
     return _lookup("GPU", name, GPUS)
 
@@ -139,7 +140,8 @@ def model(name: str) -> ModelSpec:
     """The catalog model called ``name`` (case-insensitive).
 
     Raises:
-        InputError: no such model; the message names it and lists the known ones.
+        InputError: no such model; the message names it and lists the known ones,
+        closest first.
     """
     return _lookup("model", name, MODELS)
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ampd.core.errors import InputError
+from ampd.core.names import unknown_name
 from ampd.perf.interface import PerfModel
 from ampd.policy.reorder import Fcfs, QueuePolicy, ReturningFirst, TtftAwareReorder
 from ampd.policy.routing import (
@@ -17,11 +18,16 @@ from ampd.policy.routing import (
 
 @dataclass(frozen=True)
 class Knobs:
-    """AMPD's hyper-parameters (paper defaults: alpha 0.9, beta 0.85, w 3)."""
+    """The systems' constants: AMPD's hyper-parameters (paper defaults: alpha 0.9,
+    beta 0.85, w 3) and Dynamo's conditional-disaggregation thresholds
+    (``ThresholdRouter``: 2048 tokens, 0.7 of the prompt, 2 waiting tasks)."""
 
     alpha: float = 0.9
     beta: float = 0.85
     reorder_window: int = 3
+    dynamo_max_local_prefill_tokens: int = 2048
+    dynamo_max_uncached_ratio: float = 0.7
+    dynamo_busy_queue_tasks: int = 2
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,15 @@ def _predictive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.R
     return PredictiveRouter(perf, slo, rng, knobs.alpha, knobs.beta)
 
 
+def _threshold(length_rule: bool, busy_rule: bool) -> Callable[[PerfModel, SloThresholds, Knobs, random.Random],
+                                                                Router]:
+    """A maker of Dynamo's threshold router with the given rules and the knobs' thresholds."""
+    def make(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
+        return ThresholdRouter(length_rule, busy_rule, knobs.dynamo_max_local_prefill_tokens,
+                               knobs.dynamo_max_uncached_ratio, knobs.dynamo_busy_queue_tasks)
+    return make
+
+
 def _local(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
     return AlwaysLocalRouter()
 
@@ -82,12 +97,13 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            _adaptive, _fcfs, needs_prefill_workers=False, adaptive=True),
     System("pd-disagg", "plain PD disaggregation (Dynamo): every prefill remote, FCFS",
            lambda perf, slo, knobs, rng: AlwaysRemoteRouter(), _fcfs),
-    System("dynamo-length", "Dynamo conditional disaggregation: local when uncached < 2048 tokens and < 70 %",
-           lambda perf, slo, knobs, rng: ThresholdRouter(length_rule=True), _fcfs),
-    System("dynamo-busy", "Dynamo conditional disaggregation: local when the prefill queue is busy",
-           lambda perf, slo, knobs, rng: ThresholdRouter(length_rule=False, busy_rule=True), _fcfs),
+    System("dynamo-length", "Dynamo conditional disaggregation: local when the uncached prefill is short "
+           "(policy.dynamo_max_local_prefill_tokens, dynamo_max_uncached_ratio)",
+           _threshold(length_rule=True, busy_rule=False), _fcfs),
+    System("dynamo-busy", "Dynamo conditional disaggregation: local when the prefill queue is busy "
+           "(policy.dynamo_busy_queue_tasks)", _threshold(length_rule=False, busy_rule=True), _fcfs),
     System("dynamo-conditional", "Dynamo conditional disaggregation: length rule OR busy rule",
-           lambda perf, slo, knobs, rng: ThresholdRouter(length_rule=True, busy_rule=True), _fcfs),
+           _threshold(length_rule=True, busy_rule=True), _fcfs),
     System("vllm", "vLLM colocated, V0 scheduling: waiting prefills run before the next decode step",
            _local, _fcfs, needs_prefill_workers=False, colocated=True, batching="prefill-first",
            kv_retention="lru"),
@@ -103,9 +119,9 @@ def get_system(name: str) -> System:
     """The system called ``name``.
 
     Raises:
-        InputError: unknown name (the message lists the known ones).
+        InputError: unknown name (the message lists the known ones, closest first).
     """
     try:
         return SYSTEMS[name]
     except KeyError:
-        raise InputError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}") from None
+        raise InputError(unknown_name("system", name, SYSTEMS)) from None

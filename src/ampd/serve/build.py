@@ -15,7 +15,7 @@ from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.experiment import perf_model_for, slo_for
 from ampd.policy.routing import SloThresholds
-from ampd.policy.systems import Knobs, get_system
+from ampd.policy.systems import get_system
 from ampd.serve.app import create_app
 from ampd.serve.auth import AccessPolicy
 from ampd.serve.clock import ScaledClock
@@ -77,8 +77,7 @@ def build_coordinator(config: RunConfig, replica_id: str = "") -> Coordinator:
     system = get_system(config.system)
     perf = perf_model_for(config)
     slo = serve_slo(config)
-    p = config.policy
-    knobs = Knobs(p.alpha, p.beta, p.reorder_window)
+    knobs = config.policy.knobs()
     # Each replica draws its own visiting order (Algorithm 1 step 1), so replicas do not herd.
     rng = random.Random(config.seed * 1_000_003 + zlib.crc32(replica_id.encode()))
     options = CoordinatorOptions(replica_id, serve.served_model or config.cluster.model, serve.kv_timeout_s,

@@ -56,16 +56,20 @@ def rescale_rate(sessions: Sequence[Session], factor: float) -> list[Session]:
 
 
 def arrival_rate_per_s(sessions: Sequence[Session]) -> float:
-    """Rate of a trace: number of sessions / span, the span being the last
-    arrival time (the trace starts at t = 0).
+    """Rate of a trace, sessions/s: ``(n - 1) / span``, the inverse of its mean gap
+    between consecutive arrivals, the span running from the first arrival to the
+    last (0, 2.5, 5.0 s: 0.4). It does not depend on where the trace's clock
+    starts, and it is the long-run rate of the pattern repeated back to back
+    (``ampd.workload.repeated``), as a steady-state run replays it.
 
     Raises:
-        InputError: no session, or every session arrives at t = 0.
+        InputError: fewer than two sessions, or all arriving at one time.
     """
-    span_s = max((s.arrival_s for s in sessions), default=0.0)
-    if span_s <= 0.0:
-        raise InputError(f"arrival rate: undefined for {len(sessions)} session(s) spanning 0 s")
-    return len(sessions) / span_s
+    times_s = sorted(s.arrival_s for s in sessions)
+    if len(times_s) < 2 or times_s[-1] <= times_s[0]:
+        raise InputError(f"arrival rate: undefined for {len(sessions)} session(s) that do not arrive at "
+                         f"different times")
+    return (len(times_s) - 1) / (times_s[-1] - times_s[0])
 
 
 def take(sessions: Sequence[Session], n: int) -> list[Session]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from importlib.resources import as_file, files
 
 from ampd.core.errors import InputError
+from ampd.core.names import unknown_name
 from ampd.core.session import Session
 from ampd.workload.trace_format import load_trace
 
@@ -27,7 +28,7 @@ def builtin_trace(name: str) -> list[Session]:
         InputError: unknown name (the message lists the known ones).
     """
     if name not in BUILTIN_TRACES:
-        raise InputError(f"unknown built-in trace {name!r}; known: {', '.join(BUILTIN_TRACES)}")
+        raise InputError(unknown_name("built-in trace", name, BUILTIN_TRACES))
     resource = files("ampd").joinpath("data", "traces", BUILTIN_TRACES[name])
     with as_file(resource) as path:
         return load_trace(path)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from ampd.core.errors import InputError
+from ampd.core.names import unknown_name
 from ampd.core.session import Session
 from ampd.workload.converters import (
     convert_mooncake, convert_session_delay, convert_tracelab, convert_trtllm)
@@ -42,7 +43,7 @@ def convert(path: str | Path, fmt: str) -> list[Session]:
             error of that format's loader (file and line named).
     """
     if fmt not in CONVERTERS:
-        raise InputError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
+        raise InputError(unknown_name("trace format", fmt, FORMATS))
     return CONVERTERS[fmt](path)
 
 

@@ -77,8 +77,9 @@ def poisson_until(horizon_s: float, rate_per_s: float, rng: np.random.Generator)
 
 def repeated(times_s: Sequence[float]) -> Iterator[float]:
     """A recorded arrival pattern (seconds, sorted, at least two distinct times)
-    from t = 0, repeated back to back for ever. The pattern's period is its span
-    plus one mean gap, so the rate stays ``(n - 1) / span`` across the seams.
+    at its own times, then repeated back to back for ever: the k-th repeat is the
+    pattern shifted by k periods. The period is the span plus one mean gap, so
+    the rate stays ``(n - 1) / span`` (``arrival_rate_per_s``) across the seams.
 
     Raises:
         InputError: fewer than two times, or all equal.
@@ -86,11 +87,10 @@ def repeated(times_s: Sequence[float]) -> Iterator[float]:
     if len(times_s) < 2 or times_s[-1] <= times_s[0]:
         raise InputError("recorded arrivals need at least two sessions at different times; "
                          "use arrivals = 'poisson'")
-    start = times_s[0]
-    period_s = (times_s[-1] - start) * len(times_s) / (len(times_s) - 1)
+    period_s = (times_s[-1] - times_s[0]) * len(times_s) / (len(times_s) - 1)
     for k in itertools.count():
         for t in times_s:
-            yield t - start + k * period_s
+            yield t + k * period_s
 
 
 def with_arrivals(stream: Iterable[Session], times_s: Sequence[float]) -> list[Session]:

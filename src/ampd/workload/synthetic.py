@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ampd.core.errors import InputError
+from ampd.core.names import unknown_name
 from ampd.core.session import Round, Session
 from ampd.workload.arrivals import poisson_arrivals
 from ampd.workload.specs import WORKLOADS, LogNormal, RoundCount, WorkloadSpec
@@ -30,7 +31,7 @@ def synthetic_sessions(workload: str, rng: np.random.Generator) -> Iterator[Sess
         InputError: unknown workload (the message lists the known ones).
     """
     if workload not in WORKLOADS:
-        raise InputError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
+        raise InputError(unknown_name("workload", workload, WORKLOADS))
     spec = WORKLOADS[workload]
     for i in itertools.count():
         yield Session(f"{workload}-{i}", 0.0, _sample_rounds(spec, rng))

@@ -1,0 +1,50 @@
+"""The documentation's examples run, so they cannot rot (issue 15): every
+```python block of README.md and docs/*.md, each in a fresh namespace in a
+scratch folder; and CONFIG.md's configuration is one the code accepts."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ampd.config import RunConfig, SweepConfig
+from ampd.policy.systems import SYSTEMS
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def blocks(language: str) -> list[tuple[str, str]]:
+    """(``page:line``, code) of every fenced block in ``language`` on the pages."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for m in FENCE.finditer(text):
+            if m.group(1) == language:
+                found.append((f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}", m.group(2)))
+    return found
+
+
+PYTHON = blocks("python")
+
+
+def test_the_docs_have_python_examples():
+    assert {where.split(":")[0] for where, _ in PYTHON} >= {"docs/PERF_MODEL.md", "docs/PLANNER.md"}
+
+
+@pytest.mark.parametrize("code", [code for _, code in PYTHON], ids=[where for where, _ in PYTHON])
+def test_python_block_runs(code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a block may write files (perf.json)
+    exec(compile(code, "<doc block>", "exec"), {"__name__": "__doc_block__"})
+
+
+def test_config_md_is_a_valid_configuration_naming_every_system():
+    where, text = next((w, c) for w, c in blocks("toml") if w.startswith("docs/CONFIG.md"))
+    data = tomllib.loads(text)
+    SweepConfig.model_validate(data.pop("sweep"))
+    RunConfig.model_validate(data)
+    first, second = text.splitlines()[:2]  # `system = ...` and its comment's second line
+    listed = " ".join(line.split("#", 1)[1] for line in (first, second)).replace("|", " ").split()
+    assert sorted(listed) == sorted(SYSTEMS), where

@@ -1,0 +1,38 @@
+"""tools/tiny_model.py's tokenizer carries a chat template, so a vLLM server of the
+tiny model answers /v1/chat/completions (issue 15). Rendered with transformers in
+the vLLM interpreter (the project's own venv has no transformers)."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = Path(os.environ.get("AMPD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+
+RENDER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import tiny_model
+from transformers import AutoTokenizer
+tiny_model.write_tokenizer(sys.argv[2])
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
+chat = [{"role": "user", "content": "w5 w6"}, {"role": "assistant", "content": "w7"}, {"role": "user", "content": "w8"}]
+text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+print(json.dumps({"text": text, "ids": tokenizer(text, add_special_tokens=False)["input_ids"]}))
+"""
+
+
+def test_the_tiny_tokenizer_renders_a_multi_turn_chat(tmp_path):
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make test` (it builds .venv-vllm), "
+                    "or set AMPD_VLLM_PYTHON")
+    out = subprocess.run([str(VLLM_PYTHON), "-c", RENDER, str(ROOT / "tools"), str(tmp_path)], check=True,
+                         capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    rendered = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rendered["text"] == "<s>user: w5 w6\nassistant: w7\nuser: w8\nassistant:"
+    # <s> = 1; "user:", "assistant:" are outside the word-level vocabulary (<unk> = 0); wN = N.
+    assert rendered["ids"] == [1, 0, 5, 6, 0, 7, 0, 8, 0]
+    assert "chat_template" in json.loads((tmp_path / "tokenizer_config.json").read_text())
