@@ -27,7 +27,7 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest
 
 ## bench: every benchmark; figures in bench/results/<name>.json
-bench: $(STAMP)
+bench: $(STAMP) $(VLLM_STAMP)
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:

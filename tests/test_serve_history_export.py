@@ -47,7 +47,7 @@ def test_up_starts_vllm_nixl_engines_with_bidirectional_nixl(tmp_path):
         assert transfer == {
             "kv_connector": "NixlConnector", "kv_role": {"prefill": "kv_producer", "decode": "kv_consumer"}[role],
             "kv_buffer_device": "cpu",
-            "kv_load_failure_policy": {"prefill": "recompute", "decode": "fail"}[role],
+            "kv_load_failure_policy": "fail",
             "kv_connector_extra_config": {"kv_lease_duration": 30, "bidirectional_kv_xfer": True,
                                           "decoder_kv_blocks_ttl": 20, "kv_recompute_threshold": 64}}
         assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(8100 + NIXL_SIDE_CHANNEL_OFFSET)

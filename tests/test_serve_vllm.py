@@ -6,12 +6,9 @@ round prefilled locally and once remotely. The servers need `.venv-vllm`
 tools/tiny_model.py."""
 
 import asyncio
-import json
-import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -24,49 +21,24 @@ from ampd.serve.clock import ScaledClock
 from ampd.serve.replay import replay_sync
 from ampd.serve.app import create_app
 from ampd.serve.build import build_coordinator
-from ampd.serve.vllm_launch import ExampleConnector, ServerSpec, start_server, stop_server, wait_ready
+from ampd.serve.vllm_launch import ExampleConnector, ServerSpec
 from redis_server import free_port
+from vllm_servers import MODEL_NAME, ROOT, VLLM_PYTHON, VOCAB, running, sse_tokens, tiny_model
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = Path(os.environ.get("AMPD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-MODEL_NAME = "tiny-llama"
-VOCAB = range(3, 2048)  # the tiny model's ordinary tokens (0-2 are special)
 OUTPUT_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
     """A single server (the reference), a prefill server and a decode server."""
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make test` (it builds .venv-vllm), "
-                    "or set AMPD_VLLM_PYTHON")
     work = tmp_path_factory.mktemp("vllm")
-    model_dir = work / "model"
-    subprocess.run([str(VLLM_PYTHON), str(ROOT / "tools" / "tiny_model.py"), str(model_dir)], check=True,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True)
+    model_dir = tiny_model(work)
     connector = ExampleConnector(work / "kv-store")
     specs = {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(),
                               connector=None if role == "single" else connector, served_model_name=MODEL_NAME)
              for role in ("single", "prefill", "decode")}
-    processes = {role: start_server(spec, work / f"{role}.log") for role, spec in specs.items()}
-    try:
-        for role, spec in specs.items():
-            wait_ready(processes[role], spec, work / f"{role}.log", timeout_s=400)
+    with running(specs, work):
         yield {role: spec.url for role, spec in specs.items()}
-    finally:
-        for process in processes.values():
-            stop_server(process)
-
-
-def _sse_tokens(text: str) -> list[int]:
-    ids = []
-    for line in text.splitlines():
-        if line.startswith("data:") and line[5:].strip() != "[DONE]":
-            event = json.loads(line[5:])
-            assert "error" not in event, event
-            for choice in event.get("choices", []):
-                ids.extend(choice.get("token_ids") or [])
-    return ids
 
 
 def _body(prompt: list[int]) -> dict:
@@ -84,7 +56,7 @@ async def _conversation(client: httpx.AsyncClient, session_id: str, first: list[
         reply = await client.post("/v1/completions", json=_body(prompt),
                                   headers={"X-Session-Id": session_id, "X-Session-Last-Round": str(round_index == 1)})
         assert reply.status_code == 200, reply.text
-        outputs.append(_sse_tokens(reply.text))
+        outputs.append(sse_tokens(reply.text))
         placements.append(reply.headers.get("x-ampd-local"))
     return outputs, placements
 

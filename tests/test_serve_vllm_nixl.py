@@ -17,11 +17,17 @@ import json
 import os
 import random
 import subprocess
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from prometheus_client.parser import text_string_to_metric_families
 
 from ampd.config import EngineWorker, RunConfig, ServeConfig
@@ -29,54 +35,44 @@ from ampd.serve.app import create_app
 from ampd.serve.build import build_coordinator
 from ampd.serve.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready
 from redis_server import free_port
+from vllm_servers import MODEL_NAME, ROOT, VLLM_PYTHON, VOCAB, running, sse_tokens, tiny_model
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = Path(os.environ.get("AMPD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
-MODEL_NAME = "tiny-llama"
-VOCAB = range(3, 2048)  # the tiny model's ordinary tokens (0-2 are special)
 BLOCK_TOKENS = 32  # ServerSpec's block size
 # tools/tiny_model.py: 2 layers x (K, V) x 2 KV heads x 64 dims x 4 bytes (float32) per token
 KV_BYTES_PER_BLOCK = 2 * 2 * 2 * 64 * 4 * BLOCK_TOKENS
 READ_MIN_TOKENS = 64
-EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"  # vLLM's kv_recompute_threshold default, ServeConfig's too
+EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
+FAILED = "vllm:nixl_num_failed_transfers_total"  # vLLM's kv_recompute_threshold default, ServeConfig's too
 # Round 1: 300 prompt tokens; rounds 2 and 3 add 100. 80 output tokens a round, so the
 # history the prefill engine lacks (the last output, and what its own prefix cache of
 # the previous prompt misses) is at least 80 tokens: above READ_MIN_TOKENS, a read.
 FIRST_TOKENS, NEW_TOKENS, OUTPUT_TOKENS = 300, 100, 80
 # Both sides run over TCP on loopback (NixlConnector.ucx_tls says why).
 UCX_TLS = "tcp"
-# [our choice] Long enough for a remote round on this machine (under 2 s), short
-# enough that the expired-history test waits little.
-EXPIRED_KV_TIMEOUT_S = 15.0
+# [our choice] A prefill engine's first read from a decode engine waits for their NIXL
+# handshake, which has taken 25 s on these 2 shared cores: a hold (and the KV deadline,
+# a quarter of which bounds an export) long enough that only the expiring engine's
+# holds ever expire, and a slow machine only slows the tests.
+HOLD_S, KV_TIMEOUT_S = 120, 300
 
 
-def _nixl(role: str, ttl_s: int) -> NixlConnector:
-    return NixlConnector(free_port(), load_failure_policy="recompute" if role == "prefill" else "fail",
-                         bidirectional=True, decoder_kv_blocks_ttl_s=ttl_s, ucx_tls=UCX_TLS)
+def _nixl(ttl_s: int) -> NixlConnector:
+    """What ``ampd up`` gives a ``vllm-nixl`` engine (vllm_launch.nixl_connector)."""
+    return NixlConnector(free_port(), load_failure_policy="fail", bidirectional=True,
+                         decoder_kv_blocks_ttl_s=ttl_s, ucx_tls=UCX_TLS)
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    """The three servers' specs, started; the model folder."""
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make test` (it builds .venv-vllm), "
-                    "or set AMPD_VLLM_PYTHON")
+    """The three servers' specs, started; their processes; the model folder."""
     work = tmp_path_factory.mktemp("vllm-nixl")
-    model_dir = work / "model"
-    subprocess.run([str(VLLM_PYTHON), str(ROOT / "tools" / "tiny_model.py"), str(model_dir)], check=True,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True)
+    model_dir = tiny_model(work)
     specs = {name: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(),
-                              connector=_nixl(role, ttl_s), served_model_name=MODEL_NAME)
-             for name, role, ttl_s in (("prefill", "prefill", 30), ("decode", "decode", 30),
+                              connector=_nixl(ttl_s), served_model_name=MODEL_NAME)
+             for name, role, ttl_s in (("prefill", "prefill", HOLD_S), ("decode", "decode", HOLD_S),
                                        ("decode-expiring", "decode", 5))}
-    processes = {name: start_server(spec, work / f"{name}.log") for name, spec in specs.items()}
-    try:
-        for name, spec in specs.items():
-            wait_ready(processes[name], spec, work / f"{name}.log", timeout_s=400)
+    with running(specs, work) as processes:
         yield {"specs": specs, "processes": processes, "work": work, "model_dir": model_dir}
-    finally:
-        for process in processes.values():
-            stop_server(process)
 
 
 def _reference(model_dir: Path, rounds: list[list[int]]) -> list[list[int]]:
@@ -90,7 +86,7 @@ def _reference(model_dir: Path, rounds: list[list[int]]) -> list[list[int]]:
 def _counters(url: str) -> dict[str, float]:
     """The engine's counters of interest, summed over its label sets."""
     wanted = {"vllm:prompt_tokens_by_source": "source", "vllm:nixl_bytes_transferred": None,
-              "vllm:nixl_num_kv_expired_reqs": None}
+              "vllm:nixl_num_kv_expired_reqs": None, "vllm:nixl_num_failed_transfers": None}
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
         if family.name not in wanted:
@@ -129,17 +125,6 @@ def _eventually(url: str, key: str, before: float, expected: float, timeout_s: f
         time.sleep(0.5)
 
 
-def _gauge_settles_at(url: str, name: str, value: float, timeout_s: float = 30.0) -> float:
-    """Gauge ``name``, waiting up to ``timeout_s`` for it to read ``value``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = sum(sample.value for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
-                  if family.name == name for sample in family.samples)
-        if got == value or time.monotonic() > deadline:
-            return got
-        time.sleep(0.5)
-
-
 def _delta(before: dict, after: dict) -> dict:
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
 
@@ -149,26 +134,15 @@ def _rounds(seed: int) -> list[list[int]]:
     return [[rng.choice(VOCAB) for _ in range(n)] for n in (FIRST_TOKENS, NEW_TOKENS, NEW_TOKENS)]
 
 
-def _coordinator(decode_url: str, prefill_url: str, kv_timeout_s: float):
+def _coordinator(decode_url: str, prefill_url: str):
     config = RunConfig(system="pd-disagg", cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2,
                                                     "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
                        workload={"name": "toolbench", "num_sessions": 5},
-                       serve=ServeConfig(engine="vllm-nixl", served_model=MODEL_NAME, kv_timeout_s=kv_timeout_s,
+                       serve=ServeConfig(engine="vllm-nixl", served_model=MODEL_NAME, kv_timeout_s=KV_TIMEOUT_S,
                                          health_interval_s=0.5, workers=[
                                              EngineWorker(url=prefill_url, role="prefill"),
                                              EngineWorker(url=decode_url, role="decode")]))
     return build_coordinator(config, "test-nixl")
-
-
-def _tokens(sse: str) -> list[int]:
-    ids = []
-    for line in sse.splitlines():
-        if line.startswith("data:") and line[5:].strip() != "[DONE]":
-            event = json.loads(line[5:])
-            assert "error" not in event, event
-            for choice in event.get("choices", []):
-                ids.extend(choice.get("token_ids") or [])
-    return ids
 
 
 async def _converse(coordinator, session_id: str, rounds: list[list[int]], urls: dict[str, str],
@@ -189,19 +163,20 @@ async def _converse(coordinator, session_id: str, rounds: list[list[int]], urls:
                 "ignore_eos": True, "stream": True, "return_token_ids": True},
                 headers={"X-Session-Id": session_id, "X-Session-Last-Round": str(index == len(rounds) - 1)})
             assert reply.status_code == 200, reply.text
-            outputs.append(_tokens(reply.text))
+            outputs.append(sse_tokens(reply.text))
             placements.append(reply.headers["x-ampd-local"])
             deltas.append({name: _delta(before[name], await asyncio.to_thread(_settled, url))
                            for name, url in urls.items()})
     return outputs, deltas, placements
 
 
-def _serve(decode: str, engines, session_id: str, rounds, between_rounds=None, kv_timeout_s: float = 120):
+def _serve(decode: str, engines, session_id: str, rounds, between_rounds=None, decode_via: str | None = None):
+    """``decode_via``: the URL the coordinator knows the decode engine by (a proxy)."""
     specs = engines["specs"]
     urls = {"prefill": specs["prefill"].url, "decode": specs[decode].url}
 
     async def run():
-        coordinator = _coordinator(urls["decode"], urls["prefill"], kv_timeout_s)
+        coordinator = _coordinator(decode_via or urls["decode"], urls["prefill"])
         await coordinator.start()
         try:
             outputs, deltas, placements = await _converse(coordinator, session_id, rounds, urls, between_rounds)
@@ -235,7 +210,7 @@ def _prompt_lengths() -> list[int]:
 def test_remote_rounds_read_the_history_from_the_decode_engine_and_send_back_only_new_blocks(engines):
     rounds = _rounds(seed=1)
     outputs, deltas, placements, paths, fallbacks = _serve("decode", engines, "s-read", rounds)
-    assert placements == ["false"] * 3
+    assert placements == ["false"] * 3, (paths, fallbacks)
     assert outputs == _reference(engines["model_dir"], rounds)
     lengths = _prompt_lengths()
     # Round 1: no history; the prefill engine computes the prompt, the decode engine reads all of it.
@@ -269,30 +244,29 @@ def test_remote_rounds_read_the_history_from_the_decode_engine_and_send_back_onl
     assert fallbacks == {}
 
 
-def test_an_expired_history_ends_in_a_named_fallback_within_the_kv_deadline(engines):
-    """vLLM 0.32 declines a read within 5 s of the hold's expiry, and then leaves the
-    prefill request waiting for KV that never comes (its scheduler logs "KV fetch: 1 in
-    progress" for good): an engine defect. The coordinator's KV deadline ends the wait;
-    the round runs as a local prefill on the decode engine, which still holds the
-    history, and the client gets the same tokens. Abandoning the HTTP request aborts
-    the stuck one on the prefill engine."""
+def test_an_expired_history_ends_in_a_named_fallback_and_the_round_completes(engines):
+    """vLLM declines a read within 5 s of the hold's expiry; the prefill engine fails
+    the request (``kv_load_failure_policy`` "fail"), and the round runs as a local
+    prefill on the decode engine, which still holds the history."""
     rounds = _rounds(seed=2)[:2]
     prefill_url = engines["specs"]["prefill"].url
     expired_before = _counters(prefill_url).get(EXPIRED, 0.0)
-    outputs, deltas, placements, paths, fallbacks = _serve("decode-expiring", engines, "s-expired", rounds,
-                                                           kv_timeout_s=EXPIRED_KV_TIMEOUT_S)
-    assert placements == ["false", "true"]
+    outputs, deltas, placements, paths, fallbacks = _serve("decode-expiring", engines, "s-expired", rounds)
+    assert placements == ["false", "true"], (paths, fallbacks)
     assert outputs == _reference(engines["model_dir"], rounds)
-    prefill, decode = deltas[1]["prefill"], deltas[1]["decode"]
     assert _eventually(prefill_url, EXPIRED, expired_before, 1) == 1  # the engine's own count of declined reads
-    assert "vllm:prompt_tokens_by_source:local_compute" not in prefill  # it never ran
-    # The local prefill: the export's tail (28 tokens) and the new tokens beyond the
-    # history's full blocks (128), both computed by the decode engine itself.
+    assert "vllm:prompt_tokens_by_source:local_compute" not in deltas[1]["prefill"]
+    _assert_local_fallback(deltas[1]["decode"], paths, fallbacks)
+
+
+def _assert_local_fallback(decode: dict, paths: list, fallbacks: dict) -> None:
+    """Round 2 recomputed on the decode engine: the export's tail (28 tokens) and the
+    new tokens beyond the history's full blocks (128), nothing read; one fallback."""
     history, prompt = _prompt_lengths()[0] + OUTPUT_TOKENS, _prompt_lengths()[1]
     assert decode["vllm:prompt_tokens_by_source:local_compute"] == (history - _full_blocks(history - 1)
                                                                     + prompt - _full_blocks(history))
-    assert paths == [] and fallbacks == {"timeout": 1}
-    assert _gauge_settles_at(prefill_url, "vllm:num_requests_waiting", 0) == 0
+    assert "vllm:prompt_tokens_by_source:external_kv_transfer" not in decode
+    assert paths == [] and fallbacks == {"history-read-failed": 1}
 
 
 def test_a_decode_engine_restarted_between_rounds_loses_the_history_and_every_round_completes(engines):
@@ -313,7 +287,7 @@ def test_a_decode_engine_restarted_between_rounds_loses_the_history_and_every_ro
     # Round 3 meets a restarted engine's first transfers; on 2 cores one can fail (the
     # decode engine then answers with an error and the round is recomputed locally):
     # the round still completes, and the fallback is named.
-    assert placements[:2] == ["false", "false"]
+    assert placements[:2] == ["false", "false"], (paths, fallbacks)
     assert placements[2] == "false" or set(fallbacks) - {"history-lost"}, (fallbacks, paths)
     # Round 2's export found nothing on the restarted engine: it recomputed the history
     # (380 tokens) for the export, then the prefill engine read it as usual.
@@ -321,3 +295,53 @@ def test_a_decode_engine_restarted_between_rounds_loses_the_history_and_every_ro
     assert deltas[1]["decode"]["vllm:prompt_tokens_by_source:local_compute"] == history
     assert (paths[0]["round_index"], paths[0]["path"], paths[0]["reason"]) == (1, "history-read", "history-lost")
     assert fallbacks["history-lost"] == 1
+
+
+def _misdirecting_proxy(target: str, closed_port: int) -> FastAPI:
+    """An HTTP proxy to a decode engine that, in its non-streaming replies, names a
+    NIXL engine the prefill engine has never met at a port nobody listens on: a
+    prefill engine given those params fails its handshake."""
+    app = FastAPI()
+    client = httpx.AsyncClient(base_url=target, timeout=600)
+
+    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    async def forward(path: str, request: Request):
+        outgoing = client.build_request(request.method, f"/{path}", content=await request.body(),
+                                        headers={"content-type": request.headers.get("content-type", "")})
+        reply = await client.send(outgoing, stream=True)
+        if "text/event-stream" in reply.headers.get("content-type", ""):
+            return StreamingResponse(reply.aiter_raw(), status_code=reply.status_code,
+                                     media_type="text/event-stream", background=BackgroundTask(reply.aclose))
+        body = await reply.aread()
+        if path == "v1/completions" and reply.status_code == 200:
+            data = json.loads(body)
+            if data.get("kv_transfer_params"):
+                data["kv_transfer_params"].update(remote_port=closed_port, remote_engine_id=str(uuid.uuid4()))
+            return JSONResponse(data)
+        return Response(body, status_code=reply.status_code, media_type=reply.headers.get("content-type"))
+    return app
+
+
+def test_a_failed_handshake_ends_in_a_named_fallback_and_the_round_completes(engines):
+    """The prefill engine cannot reach the decode engine's NIXL side channel."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_misdirecting_proxy(engines["specs"]["decode"].url, free_port()),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        rounds = _rounds(seed=4)[:2]
+        prefill_url = engines["specs"]["prefill"].url
+        failed_before = _counters(prefill_url).get(FAILED, 0.0)
+        outputs, deltas, placements, paths, fallbacks = _serve("decode", engines, "s-handshake", rounds,
+                                                               decode_via=f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert placements == ["false", "true"], (paths, fallbacks)
+    assert outputs == _reference(engines["model_dir"], rounds)
+    assert "vllm:prompt_tokens_by_source:local_compute" not in deltas[1]["prefill"]
+    assert _eventually(prefill_url, FAILED, failed_before, 1) == 1  # the engine's own count
+    _assert_local_fallback(deltas[1]["decode"], paths, fallbacks)

@@ -95,9 +95,10 @@ class RemotePrefill:
                 self._note_kv_path(live, worker_id, message)
         elif is_client_error(message.get("status")):
             raise ServeError(message["status"], f"prefill engine {worker_id} refused the request: {message['error']}")
-        else:
-            fall_back(ctx, live, "timeout" if message.get("reason") == "timeout" else "prefill-failed",
-                      message.get("error"))
+        elif message.get("reason") == "timeout":
+            fall_back(ctx, live, "timeout", message.get("error"))
+        else:  # with an exported history, an engine failure is (nearly always) the read
+            fall_back(ctx, live, "history-read-failed" if exports else "prefill-failed", message.get("error"))
 
     def _note_kv_path(self, live: LiveRound, worker_id: int, message: dict) -> None:
         """Log which path the history took (``kv-path`` decisions) and count a

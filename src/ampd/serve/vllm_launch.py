@@ -354,16 +354,16 @@ def server_command(config: RunConfig, role: Role, port: int, log_dir: Path) -> t
 def nixl_connector(config: RunConfig, role: Role, side_channel_port: int) -> NixlConnector:
     """The bidirectional NixlConnector of a ``vllm-nixl`` engine, from ``serve.nixl_*``.
 
-    A prefill engine that cannot read a history (expired, freed, handshake
-    failed) recomputes it (``load_failure_policy`` ``"recompute"``): the round
-    stays where routing put it, at the cost it would have had without the read.
-    A decode engine that cannot load a prefill's KV fails the request instead
-    (``"fail"``), so the coordinator resends it as a local prefill and counts the
-    fallback (docs/SERVING.md, "The KV path on NIXL").
+    Both roles fail a request whose KV cannot be read (``load_failure_policy``
+    ``"fail"``): the coordinator then prefills the round locally on its decode
+    engine and counts the fallback. On a prefill engine ``"recompute"`` would
+    be the natural choice, but in vLLM 0.32 a declined or failed history read
+    under it leaves the request waiting for ever (measured: a failed handshake,
+    no reply in 90 s; with ``"fail"``, HTTP 500 after 18 s; docs/SERVING.md,
+    "The KV path on NIXL").
     """
     serve = config.serve
-    return NixlConnector(side_channel_port, load_failure_policy="recompute" if role == "prefill" else "fail",
-                         bidirectional=True, decoder_kv_blocks_ttl_s=serve.nixl_decoder_kv_ttl_s,
+    return NixlConnector(side_channel_port, load_failure_policy="fail", bidirectional=True, decoder_kv_blocks_ttl_s=serve.nixl_decoder_kv_ttl_s,
                          kv_recompute_threshold_tokens=serve.nixl_kv_recompute_threshold_tokens,
                          progress_delay_us=serve.nixl_progress_delay_us, ucx_tls=serve.nixl_ucx_tls)
 

@@ -1,0 +1,59 @@
+"""Real vLLM servers for the tests and benchmarks: the tiny model, and a set of
+servers started, awaited and stopped together. They need `.venv-vllm` (`make test`
+builds it with tools/vllm_venv.sh; AMPD_VLLM_PYTHON names another interpreter)."""
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ampd.serve.vllm_launch import ServerSpec, start_server, stop_server, wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = Path(os.environ.get("AMPD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+MODEL_NAME = "tiny-llama"
+VOCAB = range(3, 2048)  # the tiny model's ordinary tokens (0-2 are special)
+READY_TIMEOUT_S = 400  # a server starts in 30-60 s on 2 idle cores; several at once, under load, far slower
+
+
+def tiny_model(work: Path) -> Path:
+    """Write tools/tiny_model.py's model into ``work/model``; fail the test when
+    there is no vLLM interpreter."""
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make test` (it builds .venv-vllm), "
+                    "or set AMPD_VLLM_PYTHON")
+    model_dir = work / "model"
+    subprocess.run([str(VLLM_PYTHON), str(ROOT / "tools" / "tiny_model.py"), str(model_dir)], check=True,
+                   env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True)
+    return model_dir
+
+
+@contextlib.contextmanager
+def running(specs: dict[str, ServerSpec], work: Path) -> Iterator[dict]:
+    """Start every server (logs ``work/<name>.log``), wait until all answer, yield
+    their processes by name (a test may replace one), stop them all at the end."""
+    processes = {name: start_server(spec, work / f"{name}.log") for name, spec in specs.items()}
+    try:
+        for name, spec in specs.items():
+            wait_ready(processes[name], spec, work / f"{name}.log", timeout_s=READY_TIMEOUT_S)
+        yield processes
+    finally:
+        for process in processes.values():
+            stop_server(process)
+
+
+def sse_tokens(sse: str) -> list[int]:
+    """The token ids of a streamed completion (Server-Sent Events text), in order;
+    an ``error`` event (vLLM's failure after HTTP 200) fails the test."""
+    ids = []
+    for line in sse.splitlines():
+        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+            event = json.loads(line[5:])
+            assert "error" not in event, event
+            for choice in event.get("choices", []):
+                ids.extend(choice.get("token_ids") or [])
+    return ids
