@@ -83,7 +83,7 @@ def build_coordinator(config: RunConfig, replica_id: str = "") -> Coordinator:
     rng = random.Random(config.seed * 1_000_003 + zlib.crc32(replica_id.encode()))
     options = CoordinatorOptions(replica_id, serve.served_model or config.cluster.model, serve.kv_timeout_s,
                                  serve.admission_timeout_s, serve.health_interval_s, serve.session_idle_ttl_s,
-                                 serve.stream_idle_timeout_s, serve.kv_audit_interval_s)
+                                 serve.stream_idle_timeout_s, serve.kv_audit_interval_s, serve.session_block_tokens)
     return Coordinator(engine_workers(config), make_store(config), perf, system.make_router(perf, slo, knobs, rng),
                        system.make_queue_policy(slo, knobs), ScaledClock(serve.time_scale), options,
                        DecisionLog(serve.decisions_path or None))
