@@ -3,27 +3,11 @@ in-memory one and a real Redis server), on prompts worked out by hand; block
 size 16 tokens throughout."""
 
 import asyncio
-import itertools
-
-import pytest
 
 from ampd.serve.history import MAX_ENTRIES_PER_KEY, HistoryIndex, HistoryMatch, chain_hashes, token_bytes
-from ampd.serve.memory_store import MemoryStore
-from ampd.serve.redis_store import RedisStore
 from ampd.serve.store import BOUND, SessionState
 
-_prefixes = itertools.count()
 SYSTEM = list(range(1000, 1032))  # a 32-token "system prompt" (two blocks) every session shares
-
-
-@pytest.fixture(params=["memory", "redis"])
-def make_store(request):
-    def make():
-        if request.param == "memory":
-            return MemoryStore(window_s=10.0)
-        url = request.getfixturevalue("redis_server").url
-        return RedisStore(url, window_s=10.0, prefix=f"h{next(_prefixes)}:")
-    return make
 
 
 def run(coro):
