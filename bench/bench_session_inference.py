@@ -103,7 +103,8 @@ async def _one_size(url: str, prompt_tokens: int, rng: np.random.Generator) -> d
     left = await redis.hlen(store._k("hidx")) + await redis.hlen(store._k("hses"))
     await store.close()
     assert all(found) and all(misses) and len(ended) == LIVE_SESSIONS and left == 0
-    return {"prompt_tokens": prompt_tokens, "shared_prefix_tokens": system_tokens, "lookup_hit": _percentiles_ms(hit_s), "lookup_miss": _percentiles_ms(miss_s),
+    return {"prompt_tokens": prompt_tokens, "shared_prefix_tokens": system_tokens,
+            "lookup_hit": _percentiles_ms(hit_s), "lookup_miss": _percentiles_ms(miss_s),
             "of_which_hashing": _percentiles_ms(hash_s), "record_at_round_end": _percentiles_ms(record_s),
             "index_bytes_per_1000_sessions_memory_usage": round(usage_bytes * 1000 / LIVE_SESSIONS),
             "index_bytes_per_1000_sessions_used_memory_delta": round((after - before) * 1000 / LIVE_SESSIONS),

@@ -13,7 +13,7 @@ Layout, every key under ``prefix`` (default ``ampd:``):
 | ``round:<session>`` | string | the lease of the session's round in flight (expires) |
 | ``lease:<worker>`` | string | replica id allowed to dispatch the queue (expires) |
 | ``epoch`` | string | an id of the store's contents: a new one after a restart that lost them |
-| ``hidx`` | hash | prompt index (``ampd.serve.history``): block-aligned prefix hash -> JSON list of ``HistoryEntry`` lists, oldest first |
+| ``hidx`` | hash | prompt index (``ampd.serve.history``): prefix hash -> JSON list of ``HistoryEntry`` lists, oldest first |
 | ``hses`` | hash | session id -> the ``hidx`` field holding its entry (a session has at most one) |
 | channel ``results:<replica>`` | pub/sub | prefill results for that replica |
 | channel ``changes`` | pub/sub | ids of workers whose state changed (``StateMirror``) |
@@ -112,7 +112,8 @@ local function unindex(sid)
   for _, e in ipairs(cjson.decode(text)) do
     if e[1] ~= sid then kept[#kept + 1] = e end
   end
-  if #kept > 0 then redis.call('HSET', p .. 'hidx', key, cjson.encode(kept)) else redis.call('HDEL', p .. 'hidx', key) end
+  if #kept > 0 then redis.call('HSET', p .. 'hidx', key, cjson.encode(kept))
+  else redis.call('HDEL', p .. 'hidx', key) end
 end
 local function put(sid, old, text)
   local new = text and cjson.decode(text)
@@ -329,8 +330,8 @@ class RedisStore:
                                               socket_connect_timeout=timeout_s)
         self._scripts = {name: self._redis.register_script(code) for name, code in (
             ("snapshot", _SNAPSHOT), ("bind", _BIND), ("start", _START), ("put", _PUT), ("renew", _RENEW),
-            ("expire", _EXPIRE), ("audit", _AUDIT), ("restore", _RESTORE), ("index", _INDEX), ("epoch", _EPOCH), ("push", _PUSH),
-            ("take", _TAKE), ("samples", _SAMPLES), ("release", _RELEASE))}
+            ("expire", _EXPIRE), ("audit", _AUDIT), ("restore", _RESTORE), ("index", _INDEX), ("epoch", _EPOCH),
+            ("push", _PUSH), ("take", _TAKE), ("samples", _SAMPLES), ("release", _RELEASE))}
         self._listeners: list[asyncio.Task] = []
         self._entries: dict[tuple, QueueEntry] = {}
 
