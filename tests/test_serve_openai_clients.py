@@ -158,6 +158,40 @@ def test_conversations_naming_their_session_by_prompt_cache_key_or_a_configured_
     assert not inferred & set(names)  # named sessions are never looked up
 
 
+def test_conversations_with_identical_first_turns_go_on_in_their_own_sessions(cluster):
+    """Two first turns with the same prompt: two new sessions (a prompt equal to
+    a history does not extend it), x and y, x the smaller id. Each second turn
+    extends that prompt, which both entries hold (a tie: x). x's conversation's
+    second turn is kept open (streaming, unread) while y's is sent: x is busy,
+    so y's goes on in a new session, not a 409. A third conversation's second
+    turn afterwards finds y, the one session still holding that prompt."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "the very same question"}]
+
+    def next_turn(turn: Turn) -> list[dict]:
+        return messages + [{"role": "assistant", "content": turn.text}, {"role": "user", "content": "go on"}]
+
+    async def go():
+        sdk = clients(cluster)
+        firsts = sorted([await chat_turn(sdk[0], messages, False), await chat_turn(sdk[1], messages, False)],
+                        key=lambda t: t.session_id)
+        held = await sdk[0].chat.completions.with_raw_response.create(
+            model=MODEL, messages=next_turn(firsts[0]), max_tokens=MAX_TOKENS, stream=True)
+        other = await chat_turn(sdk[1], next_turn(firsts[1]), False)
+        async for _ in held.parse():  # x's turn ends only now
+            pass
+        third = await chat_turn(sdk[1], next_turn(firsts[1]), False)
+        for client in sdk:
+            await client.close()
+        return firsts, held.headers["x-ampd-session-id"], other, third
+    (x, y), held_session, other, third = asyncio.run(go())
+    assert x.session_id != y.session_id and (x.round_index, y.round_index) == (0, 0)
+    assert held_session == x.session_id
+    assert other.session_id not in (x.session_id, y.session_id) and other.round_index == 0
+    assert {"session_id": other.session_id, "busy": x.session_id}.items() <= next(
+        d for d in decisions(cluster, "infer") if d.get("busy")).items()
+    assert (third.session_id, third.round_index) == (y.session_id, 1)
+
+
 def test_completions_text_and_token_ids_streaming_or_not_find_their_session(cluster):
     """Completions through the SDK: a text prompt grown by the reply's text, and
     a token-id prompt grown by the reply's ids (the history-level match: prompt

@@ -166,6 +166,10 @@ class Coordinator:
                 (another round of the session runs), 503 (no KV room or no decode
                 engine alive), an engine's 4xx, 502 (engines failed).
         """
+        need = need_tokens(request)
+        if need > self.largest_kv_tokens:  # before any lookup: a prompt this long is never served
+            raise ServeError(400, f"prompt + max_tokens = {need} tokens of KV; the largest decode engine "
+                                  f"holds {self.largest_kv_tokens}")
         if request.session_source != FROM_PROMPT:
             return await self._open(request, scope)
         request = await self.find_session(request, scope)
@@ -197,10 +201,6 @@ class Coordinator:
         return dataclasses.replace(request, session_id=match.session_id, matched_tokens=match.matched_tokens)
 
     async def _open(self, request: RoundRequest, scope: str) -> tuple[RoundTrace, AsyncIterator[Chunk]]:
-        need = need_tokens(request)
-        if need > self.largest_kv_tokens:
-            raise ServeError(400, f"prompt + max_tokens = {need} tokens of KV; the largest decode engine "
-                                  f"holds {self.largest_kv_tokens}")
         if request.session_id in self._active:
             raise ServeError(409, f"session {request.session_id}: a round is already in progress; send the next "
                                   "round after this one's last token", retry_after_s=1.0)
