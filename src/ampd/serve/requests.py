@@ -88,23 +88,19 @@ def _checked_id(value: object, field: str) -> str:
     return value
 
 
-def check_model(body: Mapping, served_models: tuple[str, ...]) -> str:
-    """The model a request names, one of ``served_models`` (the first when it
-    names none).
+def check_model(body: Mapping, served_models: tuple[str, ...]) -> None:
+    """Check that the ``model`` a request names, if any, is one of ``served_models``.
 
     Raises:
         ServeError: 400 for a ``model`` that is not a string; 404 with OpenAI's
             ``model_not_found`` for a model the cluster does not serve.
     """
     model = body.get("model")
-    if model is None:
-        return served_models[0]
-    if not isinstance(model, str):
+    if model is not None and not isinstance(model, str):
         raise _bad(f"model: must be a string, got {model!r}")
-    if model not in served_models:
+    if model is not None and model not in served_models:
         raise ServeError(404, f"The model `{model}` does not exist or you do not have access to it.",
                          kind="invalid_request_error", code="model_not_found")
-    return model
 
 
 def last_round_of(body: Mapping, headers: Mapping[str, str]) -> bool:
