@@ -31,10 +31,11 @@ from ampd.serve.redis_store import RedisStore  # noqa: E402
 from ampd.serve.store import SessionState  # noqa: E402
 from ampd.serve.up import free_port_block  # noqa: E402
 
-PROMPT_TOKENS = (1024, 32768)
+# (prompt tokens, block tokens): serve.session_block_tokens' default 16 at both sizes, and a
+# coarser block at 32k (a quarter of the keys to hash and read).
+CASES = ((1024, 16), (32768, 16), (32768, 64))
 LIVE_SESSIONS = 1000
 LOOKUPS = 400  # per prompt size and outcome
-BLOCK_TOKENS = 16  # serve.session_block_tokens' default
 SYSTEM_TOKENS = 1000
 OUTPUT_TOKENS, NEW_TOKENS = 16, 48  # a later round: the history, its output, a new input
 VOCAB = 32000
@@ -55,11 +56,11 @@ async def _timed(calls) -> list[float]:
     return samples
 
 
-async def _one_size(url: str, prompt_tokens: int, rng: np.random.Generator) -> dict:
+async def _one_size(url: str, prompt_tokens: int, block_tokens: int, rng: np.random.Generator) -> dict:
     """1,000 live sessions whose last prompts are ``prompt_tokens`` - 64 tokens
     long; lookups of their next prompts (hits) and of new conversations (misses)."""
-    store = RedisStore(url, prefix=f"bench{prompt_tokens}:", timeout_s=30.0)
-    index = HistoryIndex(store, BLOCK_TOKENS)
+    store = RedisStore(url, prefix=f"bench{prompt_tokens}-{block_tokens}:", timeout_s=30.0)
+    index = HistoryIndex(store, block_tokens)
     def tokens(n: int) -> list[int]:
         return rng.integers(0, VOCAB, n).tolist()
     history_tokens = prompt_tokens - OUTPUT_TOKENS - NEW_TOKENS
@@ -97,13 +98,13 @@ async def _one_size(url: str, prompt_tokens: int, rng: np.random.Generator) -> d
     hash_s = [0.0] * LOOKUPS
     for i, (_, prompt) in enumerate(nexts):
         start = time.perf_counter()
-        chain_hashes(token_bytes(prompt), BLOCK_TOKENS, "")
+        chain_hashes(token_bytes(prompt), block_tokens, "")
         hash_s[i] = time.perf_counter() - start
     ended = await store.expire_sessions(idle_before_s=2.0)
     left = await redis.hlen(store._k("hidx")) + await redis.hlen(store._k("hses"))
     await store.close()
     assert all(found) and all(misses) and len(ended) == LIVE_SESSIONS and left == 0
-    return {"prompt_tokens": prompt_tokens, "shared_prefix_tokens": system_tokens,
+    return {"prompt_tokens": prompt_tokens, "block_tokens": block_tokens, "shared_prefix_tokens": system_tokens,
             "lookup_hit": _percentiles_ms(hit_s), "lookup_miss": _percentiles_ms(miss_s),
             "of_which_hashing": _percentiles_ms(hash_s), "record_at_round_end": _percentiles_ms(record_s),
             "index_bytes_per_1000_sessions_memory_usage": round(usage_bytes * 1000 / LIVE_SESSIONS),
@@ -114,13 +115,13 @@ async def _one_size(url: str, prompt_tokens: int, rng: np.random.Generator) -> d
 async def main() -> None:
     rng = np.random.default_rng(13)
     with RedisProcess(free_port_block(1)) as server:
-        rows = [await _one_size(server.url, n, rng) for n in PROMPT_TOKENS]
+        rows = [await _one_size(server.url, n, block, rng) for n, block in CASES]
     for row in rows:
-        print(f"{row['prompt_tokens']:>6} tokens: lookup hit {row['lookup_hit']}, miss {row['lookup_miss']}, "
+        print(f"{row['prompt_tokens']:>6} tokens, blocks of {row['block_tokens']}: lookup hit {row['lookup_hit']}, miss {row['lookup_miss']}, "
               f"hashing {row['of_which_hashing']}, record {row['record_at_round_end']}, "
               f"index {row['index_bytes_per_1000_sessions_memory_usage']} B / 1,000 sessions")
     write_result("session_inference", {
-        "setup": {"live_sessions": LIVE_SESSIONS, "lookups_per_case": LOOKUPS, "block_tokens": BLOCK_TOKENS,
+        "setup": {"live_sessions": LIVE_SESSIONS, "lookups_per_case": LOOKUPS,
                   "shared_prefix": f"every prompt starts with the same {SYSTEM_TOKENS} tokens (at 1k: half "
                   "its history)", "hit": "the next round of a live session "
                   "(history + 16 output + 48 new tokens)", "miss": "a new conversation with the shared system "
