@@ -19,6 +19,7 @@ from ampd.serve.up import LocalCluster, free_serve_ports
 MODEL = "Llama-3.1-70B"
 DECODE = [1, 2, 3]
 CONVERSATIONS, TURNS, MAX_TOKENS = 20, 3, 4
+HELD_TOKENS = 2000  # a turn long enough to be running while another is sent (about 10 wall seconds)
 # The mock engine tokenizes a chat as "<role>: <content>\n" lines, one token a byte: this
 # system line is 1,000 tokens ("system: " + 991 characters + "\n").
 SYSTEM = ("You are a careful assistant. " * 40)[:991]
@@ -164,7 +165,10 @@ def test_conversations_with_identical_first_turns_go_on_in_their_own_sessions(cl
     extends that prompt, which both entries hold (a tie: x). x's conversation's
     second turn is kept open (streaming, unread) while y's is sent: x is busy,
     so y's goes on in a new session, not a 409. A third conversation's second
-    turn afterwards finds y, the one session still holding that prompt."""
+    turn afterwards finds y, the one session still holding that prompt. (x's
+    turn is long, HELD_TOKENS tokens, some seconds of decoding: the engine
+    decodes on whether or not the client reads, and a short turn would be over
+    before y's is sent.)"""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "the very same question"}]
 
     def next_turn(turn: Turn) -> list[dict]:
@@ -175,7 +179,7 @@ def test_conversations_with_identical_first_turns_go_on_in_their_own_sessions(cl
         firsts = sorted([await chat_turn(sdk[0], messages, False), await chat_turn(sdk[1], messages, False)],
                         key=lambda t: t.session_id)
         held = await sdk[0].chat.completions.with_raw_response.create(
-            model=MODEL, messages=next_turn(firsts[0]), max_tokens=MAX_TOKENS, stream=True)
+            model=MODEL, messages=next_turn(firsts[0]), max_tokens=HELD_TOKENS, stream=True)
         other = await chat_turn(sdk[1], next_turn(firsts[1]), False)
         async for _ in held.parse():  # x's turn ends only now
             pass
