@@ -13,7 +13,7 @@ from ampd.serve.app import create_app
 from ampd.serve.auth import AccessPolicy
 from ampd.serve.body import json_depth
 from ampd.serve.build import build_coordinator
-from ampd.serve.requests import check_messages
+from ampd.serve.requests import check_messages, session_key_of
 
 WORKERS = [EngineWorker(url="http://127.0.0.1:9", role="prefill"), EngineWorker(url="http://127.0.0.1:9", role="decode")]
 CONFIG = RunConfig(cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2,
@@ -40,8 +40,10 @@ SID = {"X-Session-Id": "s1"}
 
 
 @pytest.mark.parametrize("body, headers, field", [
-    ({"prompt": [1, 2], "max_tokens": 2}, {}, "session id"),
     ({"prompt": [1, 2], "max_tokens": 2, "session_id": ""}, {}, "session_id"),
+    ({"prompt": [1, 2], "max_tokens": 2, "prompt_cache_key": ""}, {}, "prompt_cache_key"),
+    ({"prompt": [1, 2], "max_tokens": 2, "prompt_cache_key": "a\nb"}, {}, "prompt_cache_key: control characters"),
+    ({"prompt": [1, 2], "max_tokens": 2, "model": 7}, SID, "model: must be a string"),
     ({"prompt": [1, 2], "max_tokens": 2, "session_id": 7}, {}, "session_id"),
     ({"prompt": [], "max_tokens": 2}, SID, "prompt"),
     ({"prompt": [1, -2], "max_tokens": 2}, SID, "prompt"),
@@ -136,6 +138,48 @@ def test_bad_chat_messages_are_400(messages):
 def test_chat_content_as_text_parts_is_joined_as_vllm_joins_it():
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert check_messages(parts) == [{"role": "user", "content": "a\nb"}]
+
+
+def test_tool_calls_and_tool_results_pass_and_a_user_message_without_content_does_not():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [{"role": "user", "content": "use f"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    assert check_messages(messages) == messages
+    assert check_messages(messages[1:2] + [{"role": "assistant", "tool_calls": [call]}])[1]["content"] is None
+    reply = post({"messages": [{"role": "user", "content": None}]}, SID, path="/v1/chat/completions")
+    assert reply.status_code == 400 and "messages[0].content" in reply.json()["error"]["message"]
+    reply = post({"messages": messages, "tools": {"f": 1}}, SID, path="/v1/chat/completions")
+    assert reply.status_code == 400 and "tools: must be a list" in reply.json()["error"]["message"]
+
+
+CORRELATION = ("X-Correlation-ID",)
+
+
+@pytest.mark.parametrize("body, headers, configured, found", [
+    ({"session_id": "b", "prompt_cache_key": "c"}, {"X-Session-Id": "h", "X-Correlation-ID": "x"}, CORRELATION,
+     ("h", "X-Session-Id")),
+    ({"session_id": "b", "prompt_cache_key": "c"}, {"x-correlation-id": "x"}, CORRELATION, ("x", "X-Correlation-ID")),
+    ({"session_id": "b", "prompt_cache_key": "c"}, {"X-Correlation-ID": "x"}, (), ("b", "session_id")),
+    ({"prompt_cache_key": "c"}, {}, CORRELATION, ("c", "prompt_cache_key")),
+    ({}, {"X-Correlation-ID": "x"}, (), (None, "prompt")),  # a header not configured names nothing
+])
+def test_session_keys_are_taken_in_the_documented_order(body, headers, configured, found):
+    assert session_key_of(body, httpx.Headers(headers), configured) == found
+
+
+def test_an_unknown_model_is_404_with_openais_error_body_and_aliases_are_served():
+    limits = ServeConfig(served_model_aliases=["my-agent-model"])
+    reply = post({**TOO_BIG, "model": "gpt-4o"}, SID, limits=limits)
+    assert reply.status_code == 404
+    assert reply.json() == {"error": {"message": "The model `gpt-4o` does not exist or you do not have access to it.",
+                                      "type": "invalid_request_error", "param": None, "code": "model_not_found"}}
+    for model in ("Llama-3.1-8B", "my-agent-model"):  # served: past the model check, to the next 400
+        assert post({**TOO_BIG, "model": model}, SID, limits=limits).status_code == 400
+    chat = post({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, SID, limits=limits,
+                path="/v1/chat/completions")
+    assert chat.status_code == 404 and chat.json()["error"]["code"] == "model_not_found"
+    models = post(None, path="/v1/models", method="GET", limits=limits).json()
+    assert [m["id"] for m in models["data"]] == ["Llama-3.1-8B", "my-agent-model"]
 
 
 def test_a_header_is_read_as_utf8_and_its_bad_bytes_are_400():

@@ -23,16 +23,6 @@ def entry(sid: str, rnd: int = 0, cost_s: float = 0.5) -> QueueEntry:
     return QueueEntry(QueuedTask(PrefillTask(sid, rnd, 100, 50, 10.0, 1), 10.5, cost_s), "replica-a")
 
 
-@pytest.fixture(params=["memory", "redis"])
-def make_store(request):
-    def make():
-        if request.param == "memory":
-            return MemoryStore(window_s=10.0)
-        url = request.getfixturevalue("redis_server").url
-        return RedisStore(url, window_s=10.0, prefix=f"t{next(_prefixes)}:")
-    return make
-
-
 def run(coro):
     return asyncio.run(coro)
 

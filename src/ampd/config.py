@@ -258,6 +258,13 @@ class ServeConfig(_Strict):
     admin_keys_file: str = Field("", description="admin keys for /metrics and /ampd/decisions, one a line (also "
                                                  "AMPD_ADMIN_KEYS); none: those answer on loopback only")
     decisions_path: str = Field("", description="JSON Lines file of every decision; empty: not written")
+    session_headers: list[str] = Field([], description="more request headers naming a session, after X-Session-Id "
+                                                       "and before the body's session_id (docs/SERVING.md, \"How "
+                                                       "sessions are found\"); e.g. X-Correlation-ID for aiperf")
+    session_block_tokens: int = Field(16, ge=1, le=4096, description="tokens per hashed block of the prompt index "
+                                                                     "that finds sessions of requests naming none")
+    served_model_aliases: list[str] = Field([], description="more names clients may give as `model` (listed by "
+                                                            "/v1/models); any other name is a 404")
     replica_id: str = Field("", description="unique per coordinator replica; empty: host:pid")
     base_port: int = Field(8100, ge=1, le=65000, description="ampd up: first engine port")
     redis_port: int = Field(0, ge=0, le=65535, description="ampd up: start a Redis server on this port (0: none, "

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -22,22 +24,25 @@ from ampd.serve.auth import AccessPolicy
 from ampd.serve.body import parse_body, read_body
 from ampd.serve.coordinator import Coordinator
 from ampd.serve.engine_client import Chunk, EngineError
-from ampd.serve.requests import check_common, check_messages, prompt_ids, round_request
+from ampd.serve.requests import check_common, check_messages, check_model, check_tools, prompt_ids, round_request
 from ampd.serve.rounds import RoundTrace, ServeError
 
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
                 404: "NotFoundError", 409: "ConflictError", 413: "RequestTooLargeError"}
 
 
-def error_response(status: int, message: str, retry_after_s: float | None = None) -> JSONResponse:
-    """vLLM's (and OpenAI's) error shape, with ``WWW-Authenticate`` on a 401 and
-    ``Retry-After`` (whole seconds) when a retry may succeed."""
-    kind = _ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "ServiceUnavailableError")
+def error_response(status: int, message: str, retry_after_s: float | None = None, kind: str | None = None,
+                   code: str | None = None) -> JSONResponse:
+    """OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``
+    (``type`` and ``code`` as vLLM fills them unless given), with
+    ``WWW-Authenticate`` on a 401 and ``Retry-After`` (whole seconds) when a
+    retry may succeed."""
+    kind = kind or _ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "ServiceUnavailableError")
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
     if retry_after_s is not None:
         headers["Retry-After"] = str(max(1, round(retry_after_s)))
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
-                        headers=headers)
+    error = {"message": message, "type": kind, "param": None, "code": status if code is None else code}
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
 
 
 def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, limits: ServeConfig | None = None) -> FastAPI:
@@ -51,6 +56,8 @@ def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, lim
     access = access or AccessPolicy({}, frozenset())
     limits = limits or ServeConfig()
     bearer = HTTPBearer(auto_error=False)
+    served_models = (coordinator.options.model_name, *limits.served_model_aliases)
+    session_headers = tuple(limits.session_headers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -63,7 +70,7 @@ def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, lim
 
     @app.exception_handler(ServeError)
     async def _serve_error(request: Request, err: ServeError) -> JSONResponse:
-        return error_response(err.status, str(err), err.retry_after_s)
+        return error_response(err.status, str(err), err.retry_after_s, err.kind, err.code)
 
     async def client(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> str:
         return access.client_scope(credentials)
@@ -78,25 +85,29 @@ def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, lim
     @app.post("/v1/completions")
     async def completions(request: Request, scope: str = Depends(client)):
         body = await json_body(request)
+        check_model(body, served_models)
         stream = check_common(body)
         prompt = body.get("prompt")
         ids = None if isinstance(prompt, str) else prompt_ids(prompt)
-        round_req = round_request(body, request.headers)
+        round_req = round_request(body, request.headers, session_headers=session_headers)
         ids = ids or await _tokenize(coordinator, {"prompt": prompt})
         return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids), scope, stream, body, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, scope: str = Depends(client)):
         body = await json_body(request)
+        check_model(body, served_models)
         stream = check_common(body)
         messages = check_messages(body.get("messages"))
-        round_req = round_request(body, request.headers)
-        ids = await _tokenize(coordinator, {"messages": messages, "add_generation_prompt": True})
+        template = check_tools(body)
+        round_req = round_request(body, request.headers, session_headers=session_headers)
+        ids = await _tokenize(coordinator, {"messages": messages, "add_generation_prompt": True, **template})
         return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids), scope, stream, body, chat=True)
 
     @app.get("/v1/models", dependencies=[Depends(client)])
     async def models():
-        return {"object": "list", "data": [{"id": coordinator.options.model_name, "object": "model"}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "ampd"}
+                                           for name in served_models]}
 
     @app.get("/health")
     async def health():
@@ -136,8 +147,10 @@ async def _tokenize(coordinator: Coordinator, payload: dict) -> tuple[int, ...]:
 
 
 def _headers(trace: RoundTrace) -> dict[str, str]:
+    # A session id is percent-encoded: a header carries Latin-1 only, an id may be any UTF-8.
     headers = {"X-Ampd-Decode-Worker": str(trace.decode_worker), "X-Ampd-Prefill-Worker": str(trace.prefill_worker),
-               "X-Ampd-Local": str(trace.local).lower(), "X-Ampd-Round": str(trace.round_index)}
+               "X-Ampd-Local": str(trace.local).lower(), "X-Ampd-Round": str(trace.round_index),
+               "X-Ampd-Session-Id": quote(trace.session_id, safe="")}
     if trace.fallback:
         headers["X-Ampd-Fallback"] = trace.fallback
     return headers
@@ -147,9 +160,10 @@ async def _serve(coordinator: Coordinator, round_req, scope: str, stream: bool, 
     trace, chunks = await coordinator.open_round(round_req, scope)
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": body.get("model") or coordinator.options.model_name}
+    usage = functools.partial(_usage, coordinator, round_req, trace)
     if stream:
-        usage = (body.get("stream_options") or {}).get("include_usage", False)
-        events = _sse(chunks, meta, chat, round_req, trace, usage)
+        include_usage = (body.get("stream_options") or {}).get("include_usage", False)
+        events = _sse(chunks, meta, chat, usage if include_usage else None)
         return StreamingResponse(events, media_type="text/event-stream", headers=_headers(trace))
     ids, texts = [], []
     async for chunk in chunks:
@@ -159,17 +173,19 @@ async def _serve(coordinator: Coordinator, round_req, scope: str, stream: bool, 
               else {"index": 0, "text": "".join(texts)})
     choice.update(token_ids=ids, finish_reason="length" if len(ids) >= round_req.max_tokens else "stop")
     return JSONResponse({**meta, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
-                         "usage": _usage(round_req, trace)}, headers=_headers(trace))
+                         "usage": usage()}, headers=_headers(trace))
 
 
-def _usage(round_req, trace: RoundTrace) -> dict:
+def _usage(coordinator: Coordinator, round_req, trace: RoundTrace) -> dict:
+    """A finished round's usage, OpenAI's shape."""
     prompt_tokens = len(round_req.prompt)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": trace.num_tokens,
-            "total_tokens": prompt_tokens + trace.num_tokens}
+            "total_tokens": prompt_tokens + trace.num_tokens,
+            "prompt_tokens_details": {"cached_tokens": coordinator.cached_tokens(trace)}}
 
 
-async def _sse(chunks: AsyncIterator[Chunk], meta: dict, chat: bool, round_req, trace: RoundTrace,
-               include_usage: bool) -> AsyncIterator[str]:
+async def _sse(chunks: AsyncIterator[Chunk], meta: dict, chat: bool,
+               usage: Callable[[], dict] | None) -> AsyncIterator[str]:
     kind = "chat.completion.chunk" if chat else "text_completion"
     try:
         async for chunk in chunks:
@@ -179,6 +195,6 @@ async def _sse(chunks: AsyncIterator[Chunk], meta: dict, chat: bool, round_req, 
     except ServeError as err:
         yield f"data: {json.dumps({'error': {'message': str(err), 'code': err.status}})}\n\n"
         return
-    if include_usage:
-        yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [], 'usage': _usage(round_req, trace)})}\n\n"
+    if usage is not None:
+        yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [], 'usage': usage()})}\n\n"
     yield "data: [DONE]\n\n"

@@ -83,7 +83,8 @@ def build_coordinator(config: RunConfig, replica_id: str = "") -> Coordinator:
     options = CoordinatorOptions(replica_id, serve.served_model or config.cluster.model, serve.kv_timeout_s,
                                  serve.admission_timeout_s, serve.health_interval_s, serve.session_idle_ttl_s,
                                  serve.stream_idle_timeout_s, serve.kv_audit_interval_s,
-                                 serve.nixl_kv_recompute_threshold_tokens)
+                                 session_block_tokens=serve.session_block_tokens,
+                                 history_read_min_tokens=serve.nixl_kv_recompute_threshold_tokens)
     return Coordinator(engine_workers(config), make_store(config), perf, system.make_router(perf, slo, knobs, rng),
                        system.make_queue_policy(slo, knobs), ScaledClock(serve.time_scale), options,
                        DecisionLog(serve.decisions_path or None))

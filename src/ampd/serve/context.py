@@ -40,6 +40,8 @@ class CoordinatorOptions:
         stream_idle_timeout_s: a decode engine silent this long (model s) in
             the middle of a round counts as dead: the round moves on.
         kv_audit_interval_s: period of the KV reservation audit, wall seconds.
+        session_block_tokens: tokens per hashed block of the prompt index
+            (``ampd.serve.history``).
         history_read_min_tokens: ``vllm-nixl`` engines recompute rather than
             read a history shorter than this (their ``kv_recompute_threshold``);
             no export is asked for one.
@@ -53,6 +55,7 @@ class CoordinatorOptions:
     session_idle_ttl_s: float = 600.0
     stream_idle_timeout_s: float = 60.0
     kv_audit_interval_s: float = 5.0
+    session_block_tokens: int = 16
     history_read_min_tokens: int = 64
 
 

@@ -5,6 +5,7 @@ and walks a round through them; each life cycle has its own file:
 | file | owns |
 |---|---|
 | ``sessions.py`` | binding, the round lease, KV reservation, giving back a failed round's |
+| ``history.py`` | the sessions of requests naming none, found from their prompts |
 | ``remote.py`` | a remote prefill: queue, wait, fall back |
 | ``dispatch.py`` | the prefill queues this replica dispatches |
 | ``delivery.py`` | streaming a round, recovery from engine failures |
@@ -21,7 +22,9 @@ binding (degraded, no shared state).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 from ampd.core.deployment import Role
@@ -37,13 +40,14 @@ from ampd.serve.context import CoordinatorOptions, ReplicaContext
 from ampd.serve.decision_log import DecisionLog
 from ampd.serve.delivery import RoundDelivery
 from ampd.serve.dispatch import PrefillDispatcher
-from ampd.serve.engine_client import PREFILL_SLOTS, Chunk, EngineClient
+from ampd.serve.engine_client import PREFILL_SLOTS, READS_HISTORY, Chunk, EngineClient
 from ampd.serve.expiry import IdleExpiry
 from ampd.serve.health import EngineHealth
+from ampd.serve.history import HistoryIndex, HistoryMatch
 from ampd.serve.measure import LatencyWindows
 from ampd.serve.mirror import StateMirror
 from ampd.serve.remote import RemotePrefill
-from ampd.serve.rounds import LiveRound, RoundRequest, RoundTrace, ServeError
+from ampd.serve.rounds import FROM_PROMPT, LiveRound, RoundRequest, RoundTrace, ServeError
 from ampd.serve.sessions import SessionBook, need_tokens
 from ampd.serve.store import SessionState, StateStore, StoreUnavailable, WorkerInfo, WorkerState
 from ampd.serve.sweep import InflightSweep
@@ -78,7 +82,8 @@ class Coordinator:
         self.dispatcher = PrefillDispatcher(store, self.engines, queue_policy, clock, options.replica_id, prefill,
                                             slots, options.kv_timeout_s, self.health.mark_dead)
         self.mirror = StateMirror(store, sorted(ctx.workers), clock) if StateMirror.supported(store) else None
-        self.sessions = SessionBook(ctx, self.health, self.view)
+        self.sessions = SessionBook(ctx, self.health, self.view, self.mirror)
+        self.histories = HistoryIndex(store, options.session_block_tokens)
         self.remote = RemotePrefill(ctx, self.dispatcher, self.mirror)
         self.windows = LatencyWindows(ctx)
         self.delivery = RoundDelivery(ctx, self.engines, self.health, self.sessions, self.windows)
@@ -143,7 +148,9 @@ class Coordinator:
     # --- one round --------------------------------------------------------------------------
 
     async def open_round(self, request: RoundRequest, scope: str = "") -> tuple[RoundTrace, AsyncIterator[Chunk]]:
-        """Bind, route and prefill a round and wait for its first chunk.
+        """Bind, route and prefill a round and wait for its first chunk; a
+        request naming no session (``session_id`` "") continues the session its
+        prompt extends, or starts a new one (``find_session``).
 
         Args:
             request: the round.
@@ -151,8 +158,8 @@ class Coordinator:
                 session is served under the scope that created it only.
 
         Returns:
-            The round's trace (complete up to the first token) and its chunks,
-            the first included.
+            The round's trace (complete up to the first token; its
+            ``session_id`` the session served) and its chunks, the first included.
 
         Raises:
             ServeError: 400 (it can never fit), 403 (another key's session), 409
@@ -160,9 +167,40 @@ class Coordinator:
                 engine alive), an engine's 4xx, 502 (engines failed).
         """
         need = need_tokens(request)
-        if need > self.largest_kv_tokens:
+        if need > self.largest_kv_tokens:  # before any lookup: a prompt this long is never served
             raise ServeError(400, f"prompt + max_tokens = {need} tokens of KV; the largest decode engine "
                                   f"holds {self.largest_kv_tokens}")
+        if request.session_source != FROM_PROMPT:
+            return await self._open(request, scope)
+        request = await self.find_session(request, scope)
+        try:
+            return await self._open(request, scope)
+        except ServeError as err:
+            if err.status != 409:
+                raise
+        # Its history is another conversation's too (their prompts were identical), and that
+        # one's round is running: this conversation goes on as a new session.
+        fresh = dataclasses.replace(request, session_id=new_session_id(), matched_tokens=0)
+        self.ctx.decide("infer", {"session_id": fresh.session_id, "matched_tokens": 0,
+                                  "prompt_tokens": len(request.prompt), "busy": request.session_id})
+        return await self._open(fresh, scope)
+
+    async def find_session(self, request: RoundRequest, scope: str) -> RoundRequest:
+        """``request`` with the session its prompt extends the furthest
+        (``HistoryIndex.find``), or a new session's id; the choice is logged
+        (``infer``). Without the store every such request is a new session."""
+        try:
+            match = await self.histories.find(request.prompt, scope)
+        except StoreUnavailable as err:
+            self.ctx.store_failed(err)
+            match = None
+        if match is None:
+            match = HistoryMatch(new_session_id(), 0)
+        self.ctx.decide("infer", {"session_id": match.session_id, "matched_tokens": match.matched_tokens,
+                                  "prompt_tokens": len(request.prompt)})
+        return dataclasses.replace(request, session_id=match.session_id, matched_tokens=match.matched_tokens)
+
+    async def _open(self, request: RoundRequest, scope: str) -> tuple[RoundTrace, AsyncIterator[Chunk]]:
         if request.session_id in self._active:
             raise ServeError(409, f"session {request.session_id}: a round is already in progress; send the next "
                                   "round after this one's last token", retry_after_s=1.0)
@@ -186,10 +224,14 @@ class Coordinator:
             except StoreUnavailable as err:
                 self.ctx.store_failed(err)
                 live = self._prepare_degraded(request, scope, trace)
+            output: list[int] = []
             async for chunk in self.delivery.deliver(live):
+                output.extend(chunk.token_ids)
                 yield chunk
             self.ctx.metrics.rounds.labels("local" if trace.local else "remote").inc()
             await self.sessions.finish(session_id, trace.decode_worker, need_tokens(request), request.last_round)
+            if request.session_source == FROM_PROMPT and not request.last_round:
+                await self.ctx.store_call(self.histories.record(session_id, scope, request.prompt, output))
             done = True
         except ServeError as err:
             self.ctx.metrics.round_failures.labels("client" if err.status < 500 else "server").inc()
@@ -240,10 +282,12 @@ class Coordinator:
         """The round's prefill task (what the decode worker holds of the prompt is
         history), with ``trace`` placed on its decode worker, local until routed."""
         prompt_tokens = len(request.prompt)
-        hist_tokens = min(state.held_tokens, prompt_tokens - 1)
+        held_tokens = state.held_tokens if request.matched_tokens is None else min(state.held_tokens,
+                                                                                 request.matched_tokens)
+        hist_tokens = min(held_tokens, prompt_tokens - 1)
         task = PrefillTask(request.session_id, state.num_rounds - 1, hist_tokens, prompt_tokens - hist_tokens, now_s,
                            state.decode_worker)
-        trace.round_index = task.round_index
+        trace.round_index, trace.hist_tokens = task.round_index, hist_tokens
         trace.decode_worker = trace.prefill_worker = task.decode_worker
         return LiveRound(request, task, trace, state)
 
@@ -270,11 +314,27 @@ class Coordinator:
         states = self.mirror.states(worker_ids) if self.mirror is not None else None
         return states if states is not None else await self.ctx.store.snapshot(worker_ids, self.ctx.clock.now_s())
 
+    def cached_tokens(self, trace: RoundTrace) -> int:
+        """Prompt tokens of a finished round that no engine recomputed: the history
+        its decode worker held, when prefilled there or on a prefill engine that
+        reads the history KV (mock engines; vLLM's prefill server recomputes it);
+        0 after a rebind (the new decode worker held nothing)."""
+        if trace.rebinds:
+            return 0
+        if trace.local or READS_HISTORY[self.ctx.workers[trace.prefill_worker].kind]:
+            return trace.hist_tokens
+        return 0
+
     def routing_ids(self, decode_worker: int) -> list[int]:
         """What a router reads: every prefill worker and the session's decode
         worker (not the other decode workers: half the state read on a balanced
         cluster, and the read is most of a routing decision's time)."""
         return sorted([*self.dispatcher.workers, decode_worker])
+
+
+def new_session_id() -> str:
+    """A fresh id for a session found from no history (``ampd-`` and 32 hex digits)."""
+    return f"ampd-{uuid.uuid4().hex}"
 
 
 async def _prepend(first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:

@@ -10,8 +10,8 @@ from collections import defaultdict
 
 from ampd.core.view import QueuedTask
 from ampd.policy.window import SlidingWindowMean
-from ampd.serve.store import (BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, MISSING, STARTED, TAKEN, QueueEntry,
-                              ResultHandler, RoundStart, SessionState, WorkerInfo, WorkerState)
+from ampd.serve.store import (BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, MISSING, STARTED, TAKEN, HistoryEntry,
+                              QueueEntry, ResultHandler, RoundStart, SessionState, WorkerInfo, WorkerState)
 
 
 class MemoryStore:
@@ -33,6 +33,8 @@ class MemoryStore:
         self._windows: dict[tuple[int, str], SlidingWindowMean] = {}
         self._leases: dict[int, str] = {}
         self._handlers: dict[str, ResultHandler] = {}
+        self._history: dict[str, list[HistoryEntry]] = {}  # prefix key -> entries, oldest first
+        self._history_key: dict[str, str] = {}  # session -> its entry's key
         self._window_s = window_s
 
     async def ping(self) -> None:
@@ -81,13 +83,40 @@ class MemoryStore:
         self._round_leases[session_id] = (lease, time.monotonic() + ttl_s)
 
     def _replace(self, session_id: str, state: SessionState | None) -> None:
-        """The one place a binding changes: the worker totals move with it."""
+        """The one place a binding changes: the worker totals move with it, and
+        a session that ends leaves the prompt index."""
         old = self._sessions.pop(session_id, None)
         if old is not None:
             self._kv_used[old.decode_worker] -= old.reserved_tokens
         if state is not None:
             self._sessions[session_id] = state
             self._kv_used[state.decode_worker] += state.reserved_tokens
+        else:
+            self._unindex(session_id)
+
+    def _unindex(self, session_id: str) -> None:
+        key = self._history_key.pop(session_id, None)
+        if key is None:
+            return
+        kept = [e for e in self._history[key] if e.session_id != session_id]
+        if kept:
+            self._history[key] = kept
+        else:
+            del self._history[key]
+
+    async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int) -> bool:
+        if session_id not in self._sessions:
+            return False
+        self._unindex(session_id)
+        entries = self._history.setdefault(key, [])
+        while len(entries) >= max_entries_per_key:
+            self._history_key.pop(entries.pop(0).session_id, None)
+        entries.append(entry)
+        self._history_key[session_id] = key
+        return True
+
+    async def history_entries(self, keys: list[str]) -> list[list[HistoryEntry]]:
+        return [list(self._history.get(key, ())) for key in keys]
 
     async def bind_session(self, session_id: str, state: SessionState, capacity_tokens: int, lease: str,
                            lease_ttl_s: float) -> str:

@@ -78,6 +78,18 @@ class StateMirror:
             state.queue.append(entry)
         self._mark([worker_id])
 
+    def note_reserved(self, worker_id: int, tokens: int) -> None:
+        """This replica is binding a session of ``tokens`` KV to ``worker_id``:
+        count it at once, before the store has it, so the binder's next choice
+        (in a burst of new sessions) cannot herd onto the same worker. The
+        re-read the bind's announcement causes replaces the guess with the
+        store's total (a bind that fails announces nothing: the periodic
+        re-read does). Not marked now: a re-read before the bind lands would
+        drop the guess."""
+        state = self._states.get(worker_id)
+        if state is not None:
+            state.kv_used_tokens += tokens
+
     def _on_change(self, worker_ids: list[int] | None) -> None:
         if worker_ids is None:  # the feed broke: changes may have been missed
             self._valid = False

@@ -13,6 +13,8 @@ Layout, every key under ``prefix`` (default ``ampd:``):
 | ``round:<session>`` | string | the lease of the session's round in flight (expires) |
 | ``lease:<worker>`` | string | replica id allowed to dispatch the queue (expires) |
 | ``epoch`` | string | an id of the store's contents: a new one after a restart that lost them |
+| ``hidx`` | hash | prompt index (``ampd.serve.history``): prefix hash -> JSON list of ``HistoryEntry`` lists, oldest first |
+| ``hses`` | hash | session id -> the ``hidx`` field holding its entry (a session has at most one) |
 | channel ``results:<replica>`` | pub/sub | prefill results for that replica |
 | channel ``changes`` | pub/sub | ids of workers whose state changed (``StateMirror``) |
 | channel ``owners`` | pub/sub | ``[session, replica]`` when a replica starts a round of a session |
@@ -45,8 +47,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ampd.core.view import QueuedTask
-from ampd.serve.store import (STARTED, QueueEntry, ResultHandler, RoundStart, SessionState, StoreUnavailable,
-                              WorkerInfo, WorkerState)
+from ampd.serve.store import (STARTED, HistoryEntry, QueueEntry, ResultHandler, RoundStart, SessionState,
+                              StoreUnavailable, WorkerInfo, WorkerState)
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,19 @@ local function kv(worker, delta)
     redis.call('PUBLISH', p .. 'changes', tostring(worker))
   end
 end
+local function unindex(sid)
+  local key = redis.call('HGET', p .. 'hses', sid)
+  if not key then return end
+  redis.call('HDEL', p .. 'hses', sid)
+  local text = redis.call('HGET', p .. 'hidx', key)
+  if not text then return end
+  local kept = {}
+  for _, e in ipairs(cjson.decode(text)) do
+    if e[1] ~= sid then kept[#kept + 1] = e end
+  end
+  if #kept > 0 then redis.call('HSET', p .. 'hidx', key, cjson.encode(kept))
+  else redis.call('HDEL', p .. 'hidx', key) end
+end
 local function put(sid, old, text)
   local new = text and cjson.decode(text)
   if old and new and old[1] == new[1] then kv(new[1], new[3] - old[3])
@@ -107,7 +122,11 @@ local function put(sid, old, text)
     if old then kv(old[1], -old[3]) end
     if new then kv(new[1], new[3]) end
   end
-  if new then redis.call('HSET', p .. 'sessions', sid, text) else redis.call('HDEL', p .. 'sessions', sid) end
+  if new then redis.call('HSET', p .. 'sessions', sid, text)
+  else
+    redis.call('HDEL', p .. 'sessions', sid)
+    unindex(sid)
+  end
 end
 local function stored(sid)
   local text = redis.call('HGET', p .. 'sessions', sid)
@@ -234,6 +253,23 @@ end
 return written
 """
 
+# ARGV: prefix, session, key, entry JSON, most entries per key
+_INDEX = _SESSION_LIB + """
+local sid, key = ARGV[2], ARGV[3]
+if redis.call('HEXISTS', p .. 'sessions', sid) == 0 then return 0 end
+unindex(sid)
+local text = redis.call('HGET', p .. 'hidx', key)
+local entries = text and cjson.decode(text) or {}
+while #entries >= tonumber(ARGV[5]) do
+  redis.call('HDEL', p .. 'hses', entries[1][1])
+  table.remove(entries, 1)
+end
+entries[#entries + 1] = cjson.decode(ARGV[4])
+redis.call('HSET', p .. 'hidx', key, cjson.encode(entries))
+redis.call('HSET', p .. 'hses', sid, key)
+return 1
+"""
+
 _EPOCH = """
 redis.call('SET', KEYS[1], ARGV[1], 'NX')
 return redis.call('GET', KEYS[1])
@@ -294,8 +330,8 @@ class RedisStore:
                                               socket_connect_timeout=timeout_s)
         self._scripts = {name: self._redis.register_script(code) for name, code in (
             ("snapshot", _SNAPSHOT), ("bind", _BIND), ("start", _START), ("put", _PUT), ("renew", _RENEW),
-            ("expire", _EXPIRE), ("audit", _AUDIT), ("restore", _RESTORE), ("epoch", _EPOCH), ("push", _PUSH),
-            ("take", _TAKE), ("samples", _SAMPLES), ("release", _RELEASE))}
+            ("expire", _EXPIRE), ("audit", _AUDIT), ("restore", _RESTORE), ("index", _INDEX), ("epoch", _EPOCH),
+            ("push", _PUSH), ("take", _TAKE), ("samples", _SAMPLES), ("release", _RELEASE))}
         self._listeners: list[asyncio.Task] = []
         self._entries: dict[tuple, QueueEntry] = {}
 
@@ -403,6 +439,16 @@ class RedisStore:
             return []
         pairs = [part for sid, state in states.items() for part in (sid, state.to_json())]
         return await self._script("restore", [], [self.prefix, *pairs])
+
+    async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int) -> bool:
+        return bool(await self._script("index", [], [self.prefix, session_id, key, json.dumps(entry.to_list()),
+                                                     max_entries_per_key]))
+
+    async def history_entries(self, keys: list[str]) -> list[list[HistoryEntry]]:
+        if not keys:
+            return []
+        texts = await self._run(self._redis.hmget(self._k("hidx"), keys))
+        return [[HistoryEntry.from_list(e) for e in json.loads(text)] if text else [] for text in texts]
 
     async def epoch(self) -> str:
         return await self._script("epoch", [self._k("epoch")], [uuid.uuid4().hex])

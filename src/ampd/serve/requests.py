@@ -8,16 +8,21 @@ import unicodedata
 from collections.abc import Mapping
 
 from ampd.core.session import MAX_TOKENS
-from ampd.serve.rounds import RoundRequest, ServeError
+from ampd.serve.rounds import FROM_PROMPT, RoundRequest, ServeError
 
 SESSION_HEADER = "X-Session-Id"  # header lookups ignore case (HTTP; Starlette's Headers)
+SESSION_FIELD, CACHE_KEY_FIELD = "session_id", "prompt_cache_key"
 LAST_ROUND_HEADER = "X-Session-Last-Round"
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 MAX_SESSION_ID_CHARS = 256
 MAX_TOKEN_ID = 2**31 - 1
 # Fields the coordinator sets itself on engine requests; the rest pass through.
+# ``tools`` goes into the chat template (the tokenize call); ``tool_choice`` and
+# ``parallel_tool_calls`` steer a chat server's parsing of tool calls in the output, which
+# engines serving completions do not do: neither reaches them.
 _OWN_FIELDS = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options",
-               "session_id", "session_end", "return_token_ids", "kv_transfer_params"}
+               "session_id", "session_end", "return_token_ids", "kv_transfer_params", "prompt_cache_key", "tools",
+               "tool_choice", "parallel_tool_calls"}
 
 
 # Unicode categories refused in session ids: controls (C0, C1), format characters (bidi
@@ -48,26 +53,54 @@ def header_text(headers: Mapping[str, str], name: str) -> str | None:
         raise _bad(f"{name}: not valid UTF-8") from None
 
 
-def session_id_of(body: Mapping, headers: Mapping[str, str]) -> str:
-    """The session id: the ``X-Session-Id`` header, else the body's ``session_id``.
+def session_key_of(body: Mapping, headers: Mapping[str, str],
+                   session_headers: tuple[str, ...] = ()) -> tuple[str | None, str]:
+    """The session id a request names, and where it named it, first found of:
+    the ``X-Session-Id`` header, the ``session_headers`` (``serve.session_headers``,
+    in their order), the body's ``session_id``, OpenAI's ``prompt_cache_key``.
+    ``(None, FROM_PROMPT)`` when none is there: the session is then found from
+    the prompt (``ampd.serve.history``).
 
     Raises:
-        ServeError: 400 when missing, empty, too long, not a string, or holding
-            a control, bidi or other invisible formatting character.
+        ServeError: 400 naming the header or field whose value is empty, too
+            long, not a string, or holds a control, bidi or other invisible
+            formatting character.
     """
-    value = header_text(headers, SESSION_HEADER)
-    if value is None:
-        value = body.get("session_id")
-    if value is None:
-        raise _bad("missing session id: send an X-Session-Id header or a session_id field")
+    for name in (SESSION_HEADER, *session_headers):
+        value = header_text(headers, name)
+        if value is not None:
+            return _checked_id(value, name), name
+    for name in (SESSION_FIELD, CACHE_KEY_FIELD):
+        value = body.get(name)
+        if value is not None:
+            return _checked_id(value, name), name
+    return None, FROM_PROMPT
+
+
+def _checked_id(value: object, field: str) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_SESSION_ID_CHARS:
-        raise _bad(f"session_id: must be a non-empty string of at most {MAX_SESSION_ID_CHARS} characters")
+        raise _bad(f"{field}: must be a non-empty string of at most {MAX_SESSION_ID_CHARS} characters")
     for position, char in enumerate(value):
         kind = _REFUSED_CATEGORIES.get(unicodedata.category(char))
         if kind is not None:
-            raise _bad(f"session_id: {kind} characters (CR, LF, NUL, U+202E, ...) are not allowed: U+{ord(char):04X} "
+            raise _bad(f"{field}: {kind} characters (CR, LF, NUL, U+202E, ...) are not allowed: U+{ord(char):04X} "
                        f"at position {position}")
     return value
+
+
+def check_model(body: Mapping, served_models: tuple[str, ...]) -> None:
+    """Check that the ``model`` a request names, if any, is one of ``served_models``.
+
+    Raises:
+        ServeError: 400 for a ``model`` that is not a string; 404 with OpenAI's
+            ``model_not_found`` for a model the cluster does not serve.
+    """
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad(f"model: must be a string, got {model!r}")
+    if model is not None and model not in served_models:
+        raise ServeError(404, f"The model `{model}` does not exist or you do not have access to it.",
+                         kind="invalid_request_error", code="model_not_found")
 
 
 def last_round_of(body: Mapping, headers: Mapping[str, str]) -> bool:
@@ -135,8 +168,10 @@ def check_common(body: Mapping) -> bool:
 def check_messages(value: object) -> list[dict]:
     """Chat ``messages``: a non-empty list of ``{"role": str, "content": ...}``
     whose content is a string or, as OpenAI's API allows, a list of text parts
-    ``{"type": "text", "text": str}``, joined with newlines as vLLM joins them.
-    The messages with their content as one string.
+    ``{"type": "text", "text": str}``, joined with newlines as vLLM joins them;
+    an assistant message with ``tool_calls`` may have a null (or no) content.
+    Other fields (``tool_calls``, ``tool_call_id``, ``name``) pass as they are,
+    to the chat template. The messages with their content as one string (or None).
 
     Raises:
         ServeError: 400 naming the first bad message or part.
@@ -147,8 +182,27 @@ def check_messages(value: object) -> list[dict]:
     for i, message in enumerate(value):
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
             raise _bad(f"messages[{i}]: must be an object with a string role and a content")
-        checked.append({**message, "content": _content_text(message.get("content"), f"messages[{i}].content")})
+        content = message.get("content")
+        if content is None and message["role"] == "assistant" and message.get("tool_calls"):
+            checked.append({**message, "content": None})
+            continue
+        checked.append({**message, "content": _content_text(content, f"messages[{i}].content")})
     return checked
+
+
+def check_tools(body: Mapping) -> dict:
+    """The chat template's extra input: ``{"tools": [...]}`` when the request
+    has tools, else {}.
+
+    Raises:
+        ServeError: 400 unless ``tools`` is a list of objects.
+    """
+    tools = body.get("tools")
+    if tools is None:
+        return {}
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise _bad("tools: must be a list of tool objects ({\"type\": \"function\", \"function\": {...}})")
+    return {"tools": tools}
 
 
 def _content_text(content: object, field: str) -> str:
@@ -164,14 +218,16 @@ def _content_text(content: object, field: str) -> str:
     return "\n".join(texts)
 
 
-def round_request(body: Mapping, headers: Mapping[str, str], prompt: tuple[int, ...] = ()) -> RoundRequest:
+def round_request(body: Mapping, headers: Mapping[str, str], prompt: tuple[int, ...] = (),
+                  session_headers: tuple[str, ...] = ()) -> RoundRequest:
     """The round a request asks for, every field checked; its prompt in token
     ids (a text or chat prompt is tokenized once the rest is known good, and
-    set with ``dataclasses.replace``).
+    set with ``dataclasses.replace``); its session id "" when it names none
+    (``session_key_of``).
 
     Raises:
         ServeError: 400 naming the first bad field.
     """
     params = {k: v for k, v in body.items() if k not in _OWN_FIELDS}
-    return RoundRequest(session_id_of(body, headers), prompt, max_tokens_of(body), params,
-                        last_round_of(body, headers))
+    session_id, source = session_key_of(body, headers, session_headers)
+    return RoundRequest(session_id or "", prompt, max_tokens_of(body), params, last_round_of(body, headers), source)

@@ -12,12 +12,18 @@ from ampd.serve.store import SessionState
 
 class ServeError(AmpdError):
     """A round the coordinator cannot serve; ``status`` is the HTTP status to
-    answer, ``retry_after_s`` (seconds) the ``Retry-After`` it suggests, if any.
-    The message is the client's: it names no engine URL."""
+    answer, ``retry_after_s`` (seconds) the ``Retry-After`` it suggests, if any;
+    ``kind`` and ``code`` the error body's ``type`` and ``code`` where OpenAI's
+    own differ from the defaults (``app.error_response``). The message is the
+    client's: it names no engine URL."""
 
-    def __init__(self, status: int, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(self, status: int, message: str, retry_after_s: float | None = None, kind: str | None = None,
+                 code: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.retry_after_s = status, retry_after_s
+        self.status, self.retry_after_s, self.kind, self.code = status, retry_after_s, kind, code
+
+
+FROM_PROMPT = "prompt"  # ``RoundRequest.session_source`` of a session found from the prompt (history.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,12 +31,19 @@ class RoundRequest:
     """One client request = one round of a session.
 
     Attributes:
-        session_id: from the ``X-Session-Id`` header or the body's ``session_id``.
+        session_id: the session's id ("" until found from the prompt).
         prompt: the full prompt as token ids (history + new input).
         max_tokens: output tokens to generate.
         params: the client's other sampling fields, passed to the engines.
         last_round: the client says the session ends with this round (its KV
             reservation is then released).
+        session_source: where the id came from: the header or body field that
+            named it (``requests.session_key_of``), or ``FROM_PROMPT``.
+        matched_tokens: for a session found from the prompt, tokens of its
+            history the prompt is known to start with (its decode engine may
+            hold more: a chat client re-renders the output it was sent); None
+            for a session named by the client (the prompt is taken to extend
+            all the engine holds).
     """
 
     session_id: str
@@ -38,6 +51,8 @@ class RoundRequest:
     max_tokens: int
     params: dict = field(default_factory=dict)
     last_round: bool = False
+    session_source: str = "X-Session-Id"
+    matched_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -51,10 +66,12 @@ class RoundTrace:
         local: True when prefilled on the decode worker.
         fallback: why a remote prefill was replaced by a local recompute, or None.
         rebinds: times its session moved to another decode worker during it.
+        hist_tokens: prompt tokens its decode worker held when it was routed.
     """
 
     session_id: str
     round_index: int = -1
+    hist_tokens: int = 0
     ready_s: float = 0.0
     decode_worker: int = -1
     prefill_worker: int = -1

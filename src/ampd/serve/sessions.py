@@ -36,6 +36,7 @@ from ampd.core.view import ClusterView
 from ampd.policy.binding import MostFreeKvBinder
 from ampd.serve.context import ROUND_LEASE_RENEW_S, ROUND_LEASE_TTL_S, ReplicaContext
 from ampd.serve.health import EngineHealth
+from ampd.serve.mirror import StateMirror
 from ampd.serve.rounds import RoundRequest, ServeError
 from ampd.serve.store import BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, STARTED, SessionState
 
@@ -73,10 +74,13 @@ class SessionBook:
         ctx: the replica's shared parts.
         health: which engines are dead (never bound to).
         view: the policies' snapshot of every live worker (for the binder).
+        mirror: the replica's mirror of the store (None without one), told of
+            each binding chosen before the store has it.
     """
 
-    def __init__(self, ctx: ReplicaContext, health: EngineHealth, view: Callable[[], Awaitable[ClusterView]]) -> None:
-        self.ctx, self.health, self.view = ctx, health, view
+    def __init__(self, ctx: ReplicaContext, health: EngineHealth, view: Callable[[], Awaitable[ClusterView]],
+                 mirror: StateMirror | None = None) -> None:
+        self.ctx, self.health, self.view, self.mirror = ctx, health, view, mirror
         self.binder = MostFreeKvBinder()
         self.known: dict[str, SessionState] = {}
         self.rounds: dict[str, OpenRound] = {}
@@ -183,6 +187,8 @@ class SessionBook:
             decision = self.binder.bind(session_id, need, await self.view())
             if decision is not None:
                 self.ctx.decide("bind", decision)
+                if self.mirror is not None:
+                    self.mirror.note_reserved(decision.worker_id, need)
                 return decision.worker_id
             if self.ctx.clock.now_s() >= deadline_s:
                 raise ServeError(503, f"no live decode worker has KV room for {need} tokens after "

@@ -172,6 +172,34 @@ class RoundStart:
     after: SessionState | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """What the prompt index holds of one session found from its prompts
+    (``ampd.serve.history``): its last round's prompt and that prompt followed
+    by the round's output, each as a length and a hash of the tokens after the
+    entry's block-aligned key.
+
+    Attributes:
+        session_id: the session.
+        prompt_tokens, prompt_hash: the last round's prompt.
+        history_tokens, history_hash: that prompt and the output the decode
+            engine generated for it (what the engine's KV holds).
+    """
+
+    session_id: str
+    prompt_tokens: int
+    prompt_hash: str
+    history_tokens: int
+    history_hash: str
+
+    def to_list(self) -> list:
+        return [self.session_id, self.prompt_tokens, self.prompt_hash, self.history_tokens, self.history_hash]
+
+    @classmethod
+    def from_list(cls, values: list) -> HistoryEntry:
+        return cls(*values)
+
+
 ResultHandler = Callable[[dict], Awaitable[None] | None]
 
 
@@ -247,6 +275,18 @@ class StateStore(Protocol):
     async def restore_sessions(self, states: dict[str, SessionState]) -> list[str]:
         """Add back bindings the store lost (a restart): each one missing is added,
         one with fewer rounds and no lease replaced, totals adjusted; the ids written."""
+
+    async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int) -> bool:
+        """File ``entry`` under ``key`` (a block-aligned prefix hash) as the one
+        index entry of ``session_id``, replacing the one it had, in one step; a key
+        already holding ``max_entries_per_key`` entries drops its oldest (that
+        session is then no longer found from its prompts). False, with nothing
+        written, when the session has no binding (it ended meanwhile). Every
+        change that drops a binding (last round, expiry) drops its entry too."""
+
+    async def history_entries(self, keys: list[str]) -> list[list[HistoryEntry]]:
+        """The entries filed under each of ``keys`` (in that order; [] for a key
+        holding none), in one round trip."""
 
     async def epoch(self) -> str:
         """An id of the store's contents, the same until it loses them (restart)."""
