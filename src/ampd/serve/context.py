@@ -41,7 +41,7 @@ class CoordinatorOptions:
             the middle of a round counts as dead: the round moves on.
         kv_audit_interval_s: period of the KV reservation audit, wall seconds.
         session_block_tokens: tokens per hashed block of the prompt index
-            (``ampd.serve.history``).
+            (``ampd.serve.prompt_index``).
         history_read_min_tokens: ``vllm-nixl`` engines recompute rather than
             read a history shorter than this (their ``kv_recompute_threshold``);
             no export is asked for one.

@@ -5,7 +5,7 @@ and walks a round through them; each life cycle has its own file:
 | file | owns |
 |---|---|
 | ``sessions.py`` | binding, the round lease, KV reservation, giving back a failed round's |
-| ``history.py`` | the sessions of requests naming none, found from their prompts |
+| ``prompt_index.py`` | the sessions of requests naming none, found from their prompts |
 | ``remote.py`` | a remote prefill: queue, wait, fall back |
 | ``dispatch.py`` | the prefill queues this replica dispatches |
 | ``delivery.py`` | streaming a round, recovery from engine failures |
@@ -43,7 +43,7 @@ from ampd.serve.dispatch import PrefillDispatcher
 from ampd.serve.engine_client import PREFILL_SLOTS, READS_HISTORY, Chunk, EngineClient
 from ampd.serve.expiry import IdleExpiry
 from ampd.serve.health import EngineHealth
-from ampd.serve.history import HistoryIndex, HistoryMatch
+from ampd.serve.prompt_index import HistoryIndex, HistoryMatch
 from ampd.serve.measure import LatencyWindows
 from ampd.serve.mirror import StateMirror
 from ampd.serve.remote import RemotePrefill

@@ -13,7 +13,7 @@ Layout, every key under ``prefix`` (default ``ampd:``):
 | ``round:<session>`` | string | the lease of the session's round in flight (expires) |
 | ``lease:<worker>`` | string | replica id allowed to dispatch the queue (expires) |
 | ``epoch`` | string | an id of the store's contents: a new one after a restart that lost them |
-| ``hidx`` | hash | prompt index (``ampd.serve.history``): prefix hash -> JSON list of ``HistoryEntry`` lists, oldest first |
+| ``hidx`` | hash | prompt index (``ampd.serve.prompt_index``): prefix hash -> JSON list of ``HistoryEntry`` lists, oldest first |
 | ``hses`` | hash | session id -> the ``hidx`` field holding its entry (a session has at most one) |
 | channel ``results:<replica>`` | pub/sub | prefill results for that replica |
 | channel ``changes`` | pub/sub | ids of workers whose state changed (``StateMirror``) |

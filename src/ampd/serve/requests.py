@@ -59,7 +59,7 @@ def session_key_of(body: Mapping, headers: Mapping[str, str],
     the ``X-Session-Id`` header, the ``session_headers`` (``serve.session_headers``,
     in their order), the body's ``session_id``, OpenAI's ``prompt_cache_key``.
     ``(None, FROM_PROMPT)`` when none is there: the session is then found from
-    the prompt (``ampd.serve.history``).
+    the prompt (``ampd.serve.prompt_index``).
 
     Raises:
         ServeError: 400 naming the header or field whose value is empty, too

@@ -23,7 +23,7 @@ class ServeError(AmpdError):
         self.status, self.retry_after_s, self.kind, self.code = status, retry_after_s, kind, code
 
 
-FROM_PROMPT = "prompt"  # ``RoundRequest.session_source`` of a session found from the prompt (history.py)
+FROM_PROMPT = "prompt"  # ``RoundRequest.session_source`` of a session found from the prompt (prompt_index.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -175,7 +175,7 @@ class RoundStart:
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
     """What the prompt index holds of one session found from its prompts
-    (``ampd.serve.history``): its last round's prompt and that prompt followed
+    (``ampd.serve.prompt_index``): its last round's prompt and that prompt followed
     by the round's output, each as a length and a hash of the tokens after the
     entry's block-aligned key.
 
