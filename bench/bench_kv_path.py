@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from common import write_result  # noqa: E402
 from redis_server import free_port  # noqa: E402
 
-from ampd.serve.engine_client import EngineClient  # noqa: E402
+from ampd.serve.engine_client import EngineClient, EngineError  # noqa: E402
 from ampd.serve.history_export import ExportRequest, export_history  # noqa: E402
 from ampd.serve.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready  # noqa: E402
 
@@ -50,6 +50,7 @@ HISTORY_TOKENS = (512, 1024, 2048)
 NEW_TOKENS = 128
 REPEATS = 5
 PATHS = ("read", "recompute", "local")
+CALL_TIMEOUT_S = 60  # [our choice] a round takes under 2 s here unless a transfer stalls
 VOCAB = range(3, 2048)
 
 
@@ -82,7 +83,7 @@ async def _round(engines: EngineClient, prefill: str, decode: str, history: list
         if path == "read":
             export = await export_history(engines, body, ExportRequest(decode, len(history)), "bench", 60)
             assert export["exported"], export
-        reply = await engines.complete(prefill, body, "bench", 120)
+        reply = await engines.complete(prefill, body, "bench", CALL_TIMEOUT_S)
         stream["kv_transfer_params"] = reply["kv_transfer_params"]
     ttft_s = None
     async for chunk in engines.stream(decode, stream, "bench"):
@@ -109,7 +110,12 @@ async def _measure(prefill: str, decode: str) -> list[dict]:
     for tokens in HISTORY_TOKENS:
         for repeat in range(REPEATS):
             for path in PATHS[repeat % len(PATHS):] + PATHS[:repeat % len(PATHS)]:  # rotate the order
-                row = await _round(engines, prefill, decode, await fresh_history(tokens), path)
+                try:
+                    row = await _round(engines, prefill, decode, await fresh_history(tokens), path)
+                except EngineError as err:  # a stalled or failed transfer: counted, not hidden
+                    rows.append({"history_tokens": tokens, "path": path, "error": str(err)})
+                    print(f"H={tokens} {path:9s} failed: {err}")
+                    continue
                 rows.append({"history_tokens": tokens, "path": path, **row})
                 print(f"H={tokens} {path:9s} ttft {row['ttft_s'] * 1000:7.1f} ms")
     await engines.close()
@@ -120,10 +126,12 @@ def _summary(rows: list[dict]) -> list[dict]:
     out = []
     for tokens in HISTORY_TOKENS:
         for path in PATHS:
-            mine = [r for r in rows if r["history_tokens"] == tokens and r["path"] == path]
+            tried = [r for r in rows if r["history_tokens"] == tokens and r["path"] == path]
+            mine = [r for r in tried if "error" not in r]
             med = {k: statistics.median(r.get(k, 0.0) for r in mine) for k in mine[0] if k not in ("history_tokens",
                                                                                                    "path")}
             out.append({"history_tokens": tokens, "path": path, "samples": len(mine),
+                        "failed_samples": len(tried) - len(mine),
                         "ttft_median_ms": round(med["ttft_s"] * 1000, 1),
                         "ttft_min_ms": round(min(r["ttft_s"] for r in mine) * 1000, 1),
                         "ttft_max_ms": round(max(r["ttft_s"] for r in mine) * 1000, 1),

@@ -67,6 +67,12 @@ def _prompts(seed: int) -> tuple[list[int], list[int]]:
 
 
 async def _through_coordinator(urls: dict, system: str, session_id: str, first, second_new):
+    return await _with_coordinator(urls, system, lambda client: _conversation(client, session_id, first, second_new))
+
+
+async def _with_coordinator(urls: dict, system: str, talk):
+    """``await talk(client)`` with an HTTP client to a coordinator over the prefill
+    and decode servers."""
     config = RunConfig(system=system, cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2,
                                                "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
                        workload={"name": "toolbench", "num_sessions": 5},
@@ -78,7 +84,7 @@ async def _through_coordinator(urls: dict, system: str, session_id: str, first, 
     try:
         transport = httpx.ASGITransport(app=create_app(coordinator))
         async with httpx.AsyncClient(transport=transport, base_url="http://coordinator", timeout=300) as client:
-            return await _conversation(client, session_id, first, second_new)
+            return await talk(client)
     finally:
         await coordinator.stop()
 
@@ -100,6 +106,21 @@ def test_two_rounds_through_pd_servers_match_a_single_server(vllm, system, place
     outputs, got_placements = asyncio.run(_through_coordinator(vllm, system, f"s-{system}", first, second_new))
     assert got_placements == placements
     assert outputs == expected
+
+
+def test_a_chat_through_the_coordinator_matches_a_single_server(vllm):
+    """The tiny model's chat template (tools/tiny_model.py) renders on vLLM: a chat
+    through the coordinator (which has the decode server tokenize the messages, then
+    prefills remotely) yields the text the single server's own chat endpoint yields."""
+    body = {"model": MODEL_NAME, "max_tokens": OUTPUT_TOKENS, "temperature": 0, "ignore_eos": True,
+            "messages": [{"role": "system", "content": "w3 w4 w5"}, {"role": "user", "content": "w10 w11 w12"}]}
+    expected = httpx.post(f"{vllm['single']}/v1/chat/completions", json=body, timeout=300)
+    assert expected.status_code == 200, expected.text
+    reply = asyncio.run(_with_coordinator(vllm, "pd-disagg", lambda client: client.post(
+        "/v1/chat/completions", json=body, headers={"X-Session-Id": "chat"})))
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == OUTPUT_TOKENS
+    assert reply.json()["choices"][0]["message"]["content"] == expected.json()["choices"][0]["message"]["content"]
 
 
 def test_the_documented_cpu_replay_serves_every_session(vllm, tmp_path):

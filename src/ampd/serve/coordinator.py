@@ -317,7 +317,8 @@ class Coordinator:
     def cached_tokens(self, trace: RoundTrace) -> int:
         """Prompt tokens of a finished round that no engine recomputed: the history
         its decode worker held, when prefilled there or on a prefill engine that
-        reads the history KV (mock engines; vLLM's prefill server recomputes it);
+        reads the history KV (mock and ``vllm-nixl`` engines; a ``vllm`` prefill
+        server recomputes it);
         0 after a rebind (the new decode worker held nothing)."""
         if trace.rebinds:
             return 0
