@@ -1,6 +1,8 @@
 """The documentation's examples run, so they cannot rot (issue 15): every
 ```python block of README.md and docs/*.md, each in a fresh namespace in a
-scratch folder; and CONFIG.md's configuration is one the code accepts."""
+scratch folder (a block that talks to a coordinator at ``COORDINATOR_URL`` gets
+the cluster of configs/serve_mock.toml, started on free ports); and CONFIG.md's
+configuration is one the code accepts."""
 
 import re
 import tomllib
@@ -8,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ampd.config import RunConfig, SweepConfig
+from ampd.config import RunConfig, SweepConfig, load_config, override
 from ampd.policy.systems import SYSTEMS
+from ampd.serve.up import LocalCluster, free_serve_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -28,6 +31,17 @@ def blocks(language: str) -> list[tuple[str, str]]:
 
 
 PYTHON = blocks("python")
+COORDINATOR_URL = "http://127.0.0.1:8000"  # where the docs' client examples find `ampd up`
+
+
+@pytest.fixture(scope="module")
+def mock_cluster(tmp_path_factory):
+    """The documented mock cluster (configs/serve_mock.toml) on free ports: its
+    coordinator's URL."""
+    config, _ = load_config(ROOT / "configs" / "serve_mock.toml")
+    with LocalCluster(override(config, serve=free_serve_ports(coordinators=1)), tmp_path_factory.mktemp("docs"),
+                      coordinators=1) as cluster:
+        yield cluster.urls[0]
 
 
 def test_the_docs_have_python_examples():
@@ -35,8 +49,10 @@ def test_the_docs_have_python_examples():
 
 
 @pytest.mark.parametrize("code", [code for _, code in PYTHON], ids=[where for where, _ in PYTHON])
-def test_python_block_runs(code, tmp_path, monkeypatch):
+def test_python_block_runs(code, tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)  # a block may write files (perf.json)
+    if COORDINATOR_URL in code:
+        code = code.replace(COORDINATOR_URL, request.getfixturevalue("mock_cluster"))
     exec(compile(code, "<doc block>", "exec"), {"__name__": "__doc_block__"})
 
 
