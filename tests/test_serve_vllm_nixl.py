@@ -13,6 +13,7 @@ the prefill engine, so rounds 2 and 3 are remote incremental prefills.
 """
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -54,6 +55,10 @@ UCX_TLS = "tcp"
 # a quarter of which bounds an export) long enough that only the expiring engine's
 # holds ever expire, and a slow machine only slows the tests.
 HOLD_S, KV_TIMEOUT_S = 120, 300
+# [our choice] A transfer that stalls (seconds, now and then a minute, on 2 shared cores)
+# must not make the coordinator count a decode engine silent mid-round as dead.
+STREAM_IDLE_TIMEOUT_S = 600
+WARM_UP_TIMEOUT_S = 600
 
 
 def _nixl(ttl_s: int) -> NixlConnector:
@@ -72,7 +77,25 @@ def engines(tmp_path_factory):
              for name, role, ttl_s in (("prefill", "prefill", HOLD_S), ("decode", "decode", HOLD_S),
                                        ("decode-expiring", "decode", 5))}
     with running(specs, work) as processes:
+        for decode in ("decode", "decode-expiring"):
+            _handshake(specs["prefill"].url, specs[decode].url)
         yield {"specs": specs, "processes": processes, "work": work, "model_dir": model_dir}
+
+
+def _handshake(prefill: str, decode: str) -> None:
+    """One transfer each way between the two engines, so the tests do not meet their
+    first NIXL handshake, which has stalled a minute on 2 loaded cores. Against the
+    expiring engine the read back is declined (HTTP 500) after the handshake: fine."""
+    prompt = [VOCAB[i] for i in range(3 * BLOCK_TOKENS)]
+    post = functools.partial(httpx.post, timeout=WARM_UP_TIMEOUT_S)
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    params = post(f"{prefill}/v1/completions", json={**body, "kv_transfer_params": {
+        "do_remote_decode": True, "do_remote_prefill": False}}).json()["kv_transfer_params"]
+    post(f"{decode}/v1/completions", json={**body, "kv_transfer_params": params}).raise_for_status()
+    held = post(f"{decode}/v1/completions", json={**body, "kv_transfer_params": {
+        "do_remote_prefill": False, "do_remote_decode": False}}).json()["kv_transfer_params"]
+    post(f"{prefill}/v1/completions", json={**body, "prompt": prompt + [VOCAB[0]] * BLOCK_TOKENS,
+                                            "kv_transfer_params": {**held, "do_remote_decode": True}})
 
 
 def _reference(model_dir: Path, rounds: list[list[int]]) -> list[list[int]]:
@@ -139,6 +162,7 @@ def _coordinator(decode_url: str, prefill_url: str):
                                                     "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
                        workload={"name": "toolbench", "num_sessions": 5},
                        serve=ServeConfig(engine="vllm-nixl", served_model=MODEL_NAME, kv_timeout_s=KV_TIMEOUT_S,
+                                         stream_idle_timeout_s=STREAM_IDLE_TIMEOUT_S,
                                          health_interval_s=0.5, workers=[
                                              EngineWorker(url=prefill_url, role="prefill"),
                                              EngineWorker(url=decode_url, role="decode")]))
@@ -279,6 +303,7 @@ def test_a_decode_engine_restarted_between_rounds_loses_the_history_and_every_ro
         stop_server(processes["decode"])
         processes["decode"] = start_server(spec, work / "decode-restarted.log")
         await asyncio.to_thread(wait_ready, processes["decode"], spec, work / "decode-restarted.log", 400)
+        await asyncio.to_thread(_handshake, specs["prefill"].url, spec.url)  # a new NIXL agent: meet it first
         await asyncio.sleep(1.5)  # three health checks: the coordinator sees it alive again
 
     rounds = _rounds(seed=3)
