@@ -64,6 +64,10 @@ from vllm.plugins import load_general_plugins
 load_general_plugins()
 assert api.nixlBind.nixlAgent._ampd_delay_us == 2500
 nixl_agent("probe", nixl_agent_config(num_threads=4, capture_telemetry=True))
+config = api.nixlBind.nixlAgentConfig()  # what nixl_agent builds, with its pthrDelay 0
+config.pthrDelay = 0
+api.nixlBind.nixlAgent("probe-config", config)
+assert config.pthrDelay == 2500, config.pthrDelay
 print("ok")
 """
     done = subprocess.run([str(VLLM_PYTHON), "-c", script], capture_output=True, text=True, timeout=300,

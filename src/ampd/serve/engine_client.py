@@ -14,6 +14,9 @@ import httpx
 # "vllm-nixl": vLLM with NixlConnector in bidirectional mode, whose prefill
 # engine reads a session's history KV from its decode engine (history_export.py).
 READS_HISTORY = {"mock": True, "vllm": False, "vllm-nixl": True}
+# How a prefill engine that reads history learns where it is: the mock engine from
+# hints in the request, a vllm-nixl one from the decode engine's export.
+EXPORTS_HISTORY = {"mock": False, "vllm": False, "vllm-nixl": True}
 PREFILL_SLOTS = {"mock": 2, "vllm": 1, "vllm-nixl": 1}
 ENGINE_KINDS = tuple(READS_HISTORY)
 

@@ -127,6 +127,6 @@ def kv_path(history_tokens: int, export: dict | None, prefill_cached_tokens: int
     path = "history-recomputed" if recomputed else "history-read"
     if not export["exported"]:
         return path, "history-export-failed"
-    if export["decode_cached_tokens"] is not None and export["decode_cached_tokens"] < history_tokens // 2:
+    if export["decode_cached_tokens"] < history_tokens // 2:
         return path, "history-lost"
     return path, "history-recomputed" if recomputed else None

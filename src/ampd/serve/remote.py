@@ -17,6 +17,7 @@ from ampd.core.view import ClusterView, QueuedTask
 from ampd.policy.routing import remote_prefill_s
 from ampd.serve.context import ReplicaContext
 from ampd.serve.dispatch import PrefillDispatcher
+from ampd.serve.engine_client import EXPORTS_HISTORY
 from ampd.serve.history_export import EXPORT_KEY, ExportRequest, kv_path
 from ampd.serve.mirror import StateMirror
 from ampd.serve.rounds import LiveRound, ServeError, engine_body
@@ -68,7 +69,7 @@ class RemotePrefill:
                            ctx.options.replica_id)
         body = engine_body(live.request, ctx.options.model_name, live.request.prompt, 1, stream=False)
         body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False}
-        exports = ctx.workers[worker_id].kind == "vllm-nixl" and task.hist_tokens >= max(
+        exports = EXPORTS_HISTORY[ctx.workers[worker_id].kind] and task.hist_tokens >= max(
             ctx.options.history_read_min_tokens, 1)
         if exports:
             body[EXPORT_KEY] = ExportRequest(ctx.workers[task.decode_worker].url, task.hist_tokens).to_dict()
