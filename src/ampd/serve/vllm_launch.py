@@ -103,7 +103,7 @@ class NixlConnector:
             not read (vLLM default 64: a read's fixed cost beats recomputing it).
         progress_delay_us: NIXL progress-thread poll timeout, microseconds; 0
             leaves NIXL's busy polling (one core per idle server). [our choice:
-            1,000 us, measured 0.02 core idle; the thread still wakes at once on
+            1,000 us: 0.016 core idle, bench/results/nixl_idle.json; the thread still wakes at once on
             UCX events] Applied by tools/vllm_plugin (docs/SERVING.md, "NIXL busy
             polling").
         ucx_tls: ``UCX_TLS`` of the server; empty: UCX's own choice. On a
