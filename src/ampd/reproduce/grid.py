@@ -20,6 +20,7 @@ class Cell:
         return f"{self.model} / {self.workload} / {self.num_gpus} GPUs"
 
 
+GPU = "H20"  # every cell's GPU (AMPD.md section 4); the figures name it
 MODELS = ("Llama-3.1-70B", "Qwen3-32B", "Mixtral-8x7B")
 WORKLOADS = {"toolbench": 8, "hotpotqa": 8, "dureader": 16, "gaia": 32}  # GPUs: AMPD.md section 4
 

@@ -56,15 +56,17 @@ def best_rows(best: dict) -> list[dict]:
 def write(out_dir: Path, quick: bool, results: dict) -> dict:
     """Write results.json (rows and tables), the PNG figures and tables.md."""
     tables = summarize(results)
+    what = figures.describe(results["grid"])
     figures.attainment_grid(results["grid"], results["capacities"], out_dir / "attainment_grid.png")
-    figures.capacity_bars(results["capacities"], out_dir / "capacity.png")
+    figures.capacity_bars(results["capacities"], out_dir / "capacity.png", what)
     figures.bars(tables["breakdown"], "system", ["ttft_over_slo", "ttft_p95_over_slo", "itl_over_slo",
                                                  "itl_p95_over_slo"],
                  out_dir / "latency_breakdown.png", "latency / SLO threshold",
-                 f"Latency at {grid.SEARCH_FRACTION:g} x the reference capacity, stable cells")
+                 f"Latency at {grid.SEARCH_FRACTION:g} x the reference capacity, mean over the cells where the "
+                 f"system's run is stable\n{what}")
     figures.bars(tables["ablation"], "system", ["capacity_over_reference"], out_dir / "ablation.png",
-                 "capacity / reference", "Ablation on AMPD's deployment: capacity, mean over cells")
-    figures.sensitivity(tables["sensitivity"], out_dir / "sensitivity.png")
+                 "capacity / reference capacity", f"Ablation on AMPD's deployment: capacity, mean over cells\n{what}")
+    figures.sensitivity(tables["sensitivity"], out_dir / "sensitivity.png", what)
     text = "".join(f"## {name}\n\n{markdown_table(rows)}\n" for name, rows in tables.items())
     (out_dir / "tables.md").write_text(text)
     rows = {k: v for k, v in results.items() if k not in ("tables", "quick")}
