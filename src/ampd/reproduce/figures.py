@@ -14,8 +14,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from ampd.measure import STABLE  # noqa: E402
-from ampd.policy.systems import Knobs  # noqa: E402
 from ampd.metrics.plot import STRIP_ROW_IN, panel_with_strip, steady_segments, unstable_strip  # noqa: E402
+from ampd.policy.systems import Knobs  # noqa: E402
 from ampd.reproduce.grid import GPU, PLANNED  # noqa: E402
 
 # Every figure is drawn with constrained layout, which makes room for titles, tick
