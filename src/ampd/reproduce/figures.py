@@ -11,7 +11,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
 
 from ampd.measure import STABLE  # noqa: E402
 from ampd.metrics.plot import STRIP_ROW_IN, panel_with_strip, steady_segments, unstable_strip  # noqa: E402
