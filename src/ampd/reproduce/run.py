@@ -45,7 +45,8 @@ def prepare(cells: list[grid.Cell], run: PointRunner) -> list[Prepared]:
     (searched from the prefill-bound rate, ``capacity.prefill_bound_rate_per_s``)."""
     configs, bounds, perfs = [], [], []
     for cell in cells:
-        config = resolve_slo(override(RunConfig(), cluster={"model": cell.model, "num_gpus": cell.num_gpus},
+        config = resolve_slo(override(RunConfig(), cluster={"model": cell.model, "num_gpus": cell.num_gpus,
+                                                            "perf_model": cell.perf_model},
                                       workload={"name": cell.workload, "rate_per_s": 1.0}))
         perf = perf_model_for(config)
         bounds.append(prefill_bound_rate_per_s(perf, sample_sessions(config), cell.num_gpus))
