@@ -67,16 +67,14 @@ class Measured:
     batching: EngineBatching | None = None
 
 
-def measured_from_dict(data: dict, tps: tuple[int, ...]) -> Measured:
-    """The optional measured fields of a ``/2`` perf model object ``data``.
-
-    ``tps`` are the model's TP degrees: a capacity for any other TP is refused (it
-    could never be used).
+def measured_from_dict(data: dict) -> Measured:
+    """The optional measured fields of a ``/2`` perf model object ``data`` (that a
+    capacity's TP is one of the model's is ``AlphaBetaPerfModel``'s check).
 
     Raises:
         InputError: a field of the wrong shape or out of range, naming the field.
     """
-    return Measured(_kv_link(data.get("kv_transfer")), _capacity(data.get("kv_capacity_tokens"), tps),
+    return Measured(_kv_link(data.get("kv_transfer")), _capacity(data.get("kv_capacity_tokens")),
                     _optional_count("kv_bytes_per_token", data.get("kv_bytes_per_token")),
                     _batching(data.get("batching")))
 
@@ -133,17 +131,16 @@ def _kv_link(value: object) -> KvLink | None:
                   _seconds("kv_transfer.s_per_byte", data["s_per_byte"]))
 
 
-def _capacity(value: object, tps: tuple[int, ...]) -> dict[int, int] | None:
+def _capacity(value: object) -> dict[int, int] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
         raise InputError(f"kv_capacity_tokens: expected an object of TP -> tokens, got {type(value).__name__}")
     capacity = {}
     for key, tokens in value.items():
-        tp = int(key) if str(key).isdigit() else 0
-        if tp not in tps:
-            raise InputError(f"kv_capacity_tokens: TP {key!r} is not one of the model's TPs {list(tps)}")
-        capacity[tp] = _count(f"kv_capacity_tokens.{key}", tokens)
+        if not (str(key).isdigit() and int(key) >= 1):
+            raise InputError(f"kv_capacity_tokens: key {key!r} is not a TP degree (an integer >= 1)")
+        capacity[int(key)] = _count(f"kv_capacity_tokens.{key}", tokens)
     return capacity
 
 

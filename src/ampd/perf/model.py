@@ -180,7 +180,7 @@ class AlphaBetaPerfModel:
                 spec, device, measured = model(data["model"]), gpu(data["gpu"]), Measured()
             else:
                 spec, device = model_spec_from_dict(data["model"]), gpu_spec_from_dict(data["gpu"])
-                measured = measured_from_dict(data, tuple(sorted(tps)))
+                measured = measured_from_dict(data)
             # A profile need not know the servers' links: the GPU's datasheet NVLink then.
             topology = Topology(**data["topology"]) if "topology" in data else default_topology(device)
             return cls(spec, device, topology,
