@@ -12,6 +12,7 @@ class StubPerf:
     KV capacity: ``capacity_tokens`` at every TP."""
 
     kv_bytes_per_token = 1
+    tps = (1, 2, 4, 8)
 
     def __init__(self, capacity_tokens: int = 1_000_000) -> None:
         self.capacity_tokens = capacity_tokens

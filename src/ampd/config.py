@@ -15,12 +15,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from ampd.core.errors import InputError
+from ampd.core.errors import AmpdError, InputError
 from ampd.core.names import unknown_name
 from ampd.metrics.slo import SloScope
 from ampd.perf import catalog
+from ampd.perf.perf_file import load_perf_model
 from ampd.policy.systems import Knobs, get_system
 from ampd.workload import BUILTIN_TRACES, FORMATS, WORKLOADS
 
@@ -57,8 +58,17 @@ class ClusterConfig(_Strict):
     ``deployment`` is in the paper's notation, or ``"auto"`` (the default): the
     planner's best plan for disaggregated systems, ``D:<TP=n,DP=N/n>`` at the
     reference TP for colocated ones (``ampd.planning.resolve_deployment``).
+
+    ``perf_model`` (a file path, relative to the working directory): the run is timed
+    by that file's model (``ampd.perf.load_perf_model``) instead of the catalog's;
+    ``model`` and ``gpu`` then name the file's model and GPU (filled in from it when
+    left out, refused when different), and only the TP degrees the file has are used.
     """
 
+    # Declared first: the model and gpu validators read it.
+    perf_model: str | None = Field(None, description="a perf model file (alpha-beta JSON or profile, "
+                                                     "docs/PERF_MODEL.md): it times the run instead of the "
+                                                     "catalog's model on the catalog's GPU")
     model: str = "Llama-3.1-70B"
     gpu: str = "H20"
     num_gpus: int = Field(8, ge=1, le=65536)
@@ -68,15 +78,36 @@ class ClusterConfig(_Strict):
     nvlink_gb_per_s: float | None = Field(None, gt=0, description="per GPU, both directions; None: the GPU's "
                                                                   "datasheet figure (H20: 900 GB/s)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _named_by_perf_model(cls, data: object) -> object:
+        """With ``perf_model``, the file says which model and GPU run: a ``model`` or
+        ``gpu`` left out takes the file's name; one given must be the file's (a
+        different one is refused, naming both)."""
+        path = data.get("perf_model") if isinstance(data, dict) else None
+        if not isinstance(path, str):
+            return data  # none, or the field's type check reports it
+        try:
+            perf = load_perf_model(path)
+        except AmpdError as err:
+            raise ValueError(f"perf_model: {err}") from None
+        filled = dict(data)
+        for key, name in (("model", perf.model.name), ("gpu", perf.gpu.name)):
+            given = filled.setdefault(key, name)
+            if isinstance(given, str) and given.strip().lower() != name.lower():
+                raise ValueError(f"{key} is {given!r} but perf_model {path} is of {key} {name!r}: leave {key} "
+                                 f"out (it then names the file's) or give {name!r}")
+        return filled
+
     @field_validator("model")
     @classmethod
-    def _known_model(cls, name: str) -> str:
-        return _looked_up(catalog.model, name)
+    def _known_model(cls, name: str, info: ValidationInfo) -> str:
+        return name if info.data.get("perf_model") else _looked_up(catalog.model, name)
 
     @field_validator("gpu")
     @classmethod
-    def _known_gpu(cls, name: str) -> str:
-        return _looked_up(catalog.gpu, name)
+    def _known_gpu(cls, name: str, info: ValidationInfo) -> str:
+        return name if info.data.get("perf_model") else _looked_up(catalog.gpu, name)
 
 
 class SloConfig(_Strict):
@@ -451,10 +482,27 @@ def override(config: RunConfig, **changes: dict) -> RunConfig:
     Raises:
         InputError: a changed field is invalid.
     """
-    data = config.model_dump()
+    # Only the fields that were given travel: a field left out stays left out, so that
+    # ``cluster.model`` can still take a perf model file's name (``ClusterConfig``).
+    data = config.model_dump(exclude_unset=True)
     for section, values in changes.items():
         if isinstance(values, dict):
-            data[section] = {**data[section], **values}
+            data[section] = {**data.get(section, {}), **values}
         else:
             data[section] = values
     return parse_config(data, "command line")
+
+
+def with_perf_model(config: RunConfig, path: str) -> RunConfig:
+    """``config`` timed by the perf model file ``path`` (``--perf-model``): its
+    ``cluster.perf_model`` replaced, and its ``cluster.model`` and ``cluster.gpu``
+    dropped, so that they take the file's names (they described the model the
+    configuration had; the file now says which one runs).
+
+    Raises:
+        InputError: the file cannot be read as a perf model (named).
+    """
+    data = config.model_dump(exclude_unset=True)
+    cluster = {k: v for k, v in data.get("cluster", {}).items() if k not in ("model", "gpu")}
+    data["cluster"] = {**cluster, "perf_model": path}
+    return parse_config(data, "--perf-model")

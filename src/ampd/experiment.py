@@ -26,7 +26,7 @@ from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.measure import TRANSIENT, MeasurePlan, Stability, measure_plan, measure_window, unloaded_lifetime_s
 from ampd.metrics.summary import RunSummary, summarize
-from ampd.perf import build_perf_model, catalog
+from ampd.perf import build_perf_model, catalog, load_perf_model
 from ampd.perf.interface import PerfModel
 from ampd.perf.topology import default_topology
 from ampd.policy.routing import SloThresholds
@@ -82,13 +82,35 @@ class RunOutput:
 
 
 def perf_model_for(config: RunConfig) -> PerfModel:
-    """The performance model of the configured model, GPU and network."""
+    """The performance model of the run: ``cluster.perf_model``'s file when set, else
+    the catalog's model on the catalog's GPU; either way with the configured servers
+    and links (a file's measured KV link, when it has one, still times transfers:
+    ``AlphaBetaPerfModel.kv_transfer_s``).
+
+    Raises:
+        InputError: an unknown model or GPU, or a perf model file that cannot be read.
+    """
     cluster = config.cluster
-    topology = default_topology(catalog.gpu(cluster.gpu))
+    loaded = load_perf_model(cluster.perf_model) if cluster.perf_model else None
+    topology = default_topology(loaded.gpu if loaded else catalog.gpu(cluster.gpu))
     topology = dataclasses.replace(topology, gpus_per_server=cluster.gpus_per_server,
                                    network_gb_per_s=cluster.network_gb_per_s,
                                    nvlink_gb_per_s=cluster.nvlink_gb_per_s or topology.nvlink_gb_per_s)
+    if loaded is not None:
+        return dataclasses.replace(loaded, topology=topology)
     return build_perf_model(cluster.model, cluster.gpu, topology)
+
+
+def require_tp(perf: PerfModel, tp: int, where: str) -> None:
+    """Refuse a replica of ``tp`` GPUs that ``perf`` has no cost functions for (a
+    profile holds only the TP degrees it measured).
+
+    Raises:
+        InputError: naming ``where``, the TP and the TPs the model has.
+    """
+    if tp not in perf.tps:
+        raise InputError(f"{where}: TP={tp} has no cost functions in the performance model; it has "
+                         f"TP={', '.join(map(str, perf.tps))} (profile the engine at TP={tp}, or use those)")
 
 
 def _rngs(config: RunConfig) -> tuple[np.random.Generator, np.random.Generator]:
@@ -256,7 +278,8 @@ def check_runnable(config: RunConfig) -> tuple[WorkerSpec, ...]:
     rather than in the middle.
 
     Raises:
-        InputError: naming what does not fit.
+        InputError: naming what does not fit, or a TP the performance model has no
+            cost functions for (``require_tp``).
     """
     system = get_system(config.system)
     if config.cluster.deployment == "auto":
@@ -266,6 +289,7 @@ def check_runnable(config: RunConfig) -> tuple[WorkerSpec, ...]:
     _check_roles(system, specs, config.cluster.deployment)
     perf = perf_model_for(config)
     for spec in specs:
+        require_tp(perf, spec.tp, f"cluster.deployment {config.cluster.deployment!r}")
         if perf.kv_capacity_tokens(spec.tp) <= 0:
             raise InputError(f"worker {spec.worker_id} ({spec.role.value}, TP={spec.tp}): the model's weights do not "
                              f"fit in {spec.tp} GPU(s) with room for KV cache")

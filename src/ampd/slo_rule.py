@@ -6,6 +6,8 @@ they scale with model, GPU and prompt lengths:
 
 - reference replica: TP = twice the smallest power-of-two degree whose GPUs hold
   the weights with room for KV (capped at 8), the size a deployment would use;
+  with a model that lacks that degree (a profile measured at TP 1 alone, say), the
+  largest degree below it that it has and that holds the weights;
 - TTFT threshold = ``TTFT_FACTOR`` x the mean, over every round of the workload,
   of the unloaded prefill time ``T_pre(l_hist, l_incr)`` on that replica;
 - ITL threshold = ``ITL_FACTOR`` x the decode-step time of a batch of
@@ -31,10 +33,10 @@ def reference_tp(perf: PerfModel) -> int:
     Raises:
         InputError: the model fits at no degree up to 8.
     """
-    fitting = [tp for tp in _DEGREES if perf.kv_capacity_tokens(tp) > 0]
+    fitting = [tp for tp in _DEGREES if tp in perf.tps and perf.kv_capacity_tokens(tp) > 0]
     if not fitting:
-        raise InputError("the model's weights fit on no replica of up to 8 GPUs")
-    return min(2 * fitting[0], _DEGREES[-1])
+        raise InputError(f"the model's weights fit on no replica of up to 8 GPUs among its TPs {list(perf.tps)}")
+    return max(tp for tp in fitting if tp <= min(2 * fitting[0], _DEGREES[-1]))
 
 
 def derive_slo(perf: PerfModel, sessions: list[Session]) -> SloThresholds:

@@ -8,7 +8,7 @@ import math
 import os
 from pathlib import Path
 
-from ampd.config import RunConfig, SweepConfig, load_config, override
+from ampd.config import RunConfig, SweepConfig, load_config, override, with_perf_model
 from ampd.core.errors import InputError
 from ampd.metrics.slo import SloScope
 
@@ -40,6 +40,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration file (fields: see docs/CONFIG.md)")
     p.add_argument("--model", help="model name, e.g. Llama-3.1-70B")
     p.add_argument("--gpu", help="GPU type, e.g. H20")
+    p.add_argument("--perf-model", metavar="PATH", help="perf model file (alpha-beta JSON or profile) timing the "
+                                                        "run instead of the catalog's; replaces the configuration's "
+                                                        "perf_model, model and gpu (docs/CONFIG.md)")
     p.add_argument("--gpus", type=int, help="GPUs in the cluster")
     p.add_argument("--deployment", help="e.g. 'P:<TP=2,DP=2> D:<TP=4,DP=1>', or auto (default: the planner's)")
     p.add_argument("--num-sessions", type=int, help="run exactly this many sessions: a transient, not a steady "
@@ -95,6 +98,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[RunConfig, SweepConfig |
         InputError: unreadable file or invalid field, named.
     """
     config, sweep = load_config(args.config) if args.config else (RunConfig(), None)
+    if args.perf_model is not None:
+        config = with_perf_model(config, args.perf_model)
     changes = {
         "cluster": _pick(model=args.model, gpu=args.gpu, num_gpus=args.gpus, deployment=args.deployment),
         "slo": _pick(ttft_s=args.ttft_slo_s, itl_s=args.itl_slo_s, scope=args.scope),

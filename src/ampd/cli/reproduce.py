@@ -9,6 +9,7 @@ from pathlib import Path
 from ampd.cli.options import output_dir, positive_int
 from ampd.reproduce import grid
 from ampd.core.errors import InputError
+from ampd.perf import load_perf_model
 from ampd.reproduce.report import best_rows, write
 from ampd.reproduce.run import (
     ablation_entries, grid_entries, prepare, run_capacities, run_points, run_sensitivity, search_best)
@@ -22,7 +23,8 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         return
     run = PointRunner(args.jobs, not args.quiet, out_dir / "points", args.ray)
     print("finding each cell's reference capacity (plain PD disaggregation, even split)")
-    cells = prepare(grid.cells(args.quick), run)
+    model_file = (args.perf_model, load_perf_model(args.perf_model).model.name) if args.perf_model else None
+    cells = prepare(grid.cells(args.quick, model_file), run)
     fractions = grid.QUICK_RATE_FRACTIONS if args.quick else grid.RATE_FRACTIONS
     print(f"{len(cells)} cells (synthetic workloads, Poisson arrivals); searching each system's best deployment")
     best = search_best(cells, run, args.quick)
@@ -80,4 +82,6 @@ def register(sub) -> None:
     p.add_argument("--redraw", action="store_true", help="only redraw the tables and figures from the folder's "
                                                          "results.json (no simulation)")
     p.add_argument("--out", help="results folder (default: out/reproduce/)")
+    p.add_argument("--perf-model", metavar="PATH", help="perf model file (alpha-beta JSON or profile): the grid "
+                                                        "runs on its model alone, timed by it")
     p.set_defaults(func=cmd_reproduce)

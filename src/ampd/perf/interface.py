@@ -17,6 +17,11 @@ class PerfModel(Protocol):
     """
 
     @property
+    def tps(self) -> tuple[int, ...]:
+        """TP degrees the model has cost functions for, ascending (a profile: the
+        degrees it measured); the others must not be asked for."""
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes of one token over all layers (K and V), whole model."""
 

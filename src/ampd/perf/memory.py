@@ -9,10 +9,11 @@ from ampd.perf.catalog import GpuSpec, ModelSpec, kv_bytes_per_token
 USABLE_MEMORY_FRACTION = 0.9
 
 
-def replica_kv_capacity_tokens(spec: ModelSpec, device: GpuSpec, tp: int) -> int:
+def replica_kv_capacity_tokens(spec: ModelSpec, device: GpuSpec, tp: int, kv_bytes: int | None = None) -> int:
     """KV tokens a replica of ``tp`` GPUs holds: (``tp`` x datasheet memory x
     ``USABLE_MEMORY_FRACTION`` - weights) / KV bytes per token; 0 when the weights do not
     fit. Datasheet GB are read as 10^9 bytes (a little below the real GiB-sized memories:
-    conservative)."""
+    conservative). ``kv_bytes``: KV bytes of one token when measured (an FP8 cache, say);
+    None: ``kv_bytes_per_token(spec)``."""
     free_bytes = tp * device.memory_gb * 1e9 * USABLE_MEMORY_FRACTION - spec.weight_bytes
-    return max(0, int(free_bytes // kv_bytes_per_token(spec)))
+    return max(0, int(free_bytes // (kv_bytes or kv_bytes_per_token(spec))))

@@ -1,5 +1,9 @@
 """``AlphaBetaPerfModel``: the ``PerfModel`` every runtime times work with, its JSON form,
-and ``build_perf_model``, which builds it from the catalog."""
+and ``build_perf_model``, which builds it from the catalog.
+
+JSON formats: ``ampd.perf.alphabeta/2`` (written): model and GPU as full spec objects, so
+the file needs no catalog, plus the optional measured fields of ``ampd.perf.measured``;
+``ampd.perf.alphabeta/1`` (still read): model and GPU by catalog name."""
 
 from __future__ import annotations
 
@@ -14,11 +18,18 @@ from ampd.perf.alphabeta import DecodeCost, PrefillCost
 from ampd.perf.calibrate import efficiency_for
 from ampd.perf.catalog import GpuSpec, ModelSpec, gpu, kv_bytes_per_token, model
 from ampd.perf.from_roofline import fit_from_roofline
+from ampd.perf.measured import EngineBatching, Measured, measured_from_dict, measured_to_dict
 from ampd.perf.memory import replica_kv_capacity_tokens
 from ampd.perf.roofline import Roofline
+from ampd.perf.spec_json import gpu_spec_from_dict, model_spec_from_dict, spec_to_dict
 from ampd.perf.topology import Topology, default_topology
 
-FORMAT = "ampd.perf.alphabeta/1"
+FORMAT = "ampd.perf.alphabeta/2"
+FORMAT_V1 = "ampd.perf.alphabeta/1"
+# Top-level keys of a /2 object; any other is refused (a misspelt optional field would
+# otherwise be dropped without a word).
+_V2_KEYS = {"format", "model", "gpu", "topology", "tps", "fit_report", "kv_transfer", "kv_capacity_tokens",
+            "kv_bytes_per_token", "batching"}
 
 
 @dataclass(frozen=True)
@@ -35,6 +46,8 @@ class AlphaBetaPerfModel:
         decode: ``T_dec`` per TP degree.
         fit_report: free-form facts about the fit (source, errors on its samples),
             saved with the model.
+        measured: what a profile measured (``ampd.perf.measured.Measured``); each field
+            that is set replaces the figure derived from the specs.
     """
 
     model: ModelSpec
@@ -43,11 +56,16 @@ class AlphaBetaPerfModel:
     prefill: dict[int, PrefillCost]
     decode: dict[int, DecodeCost]
     fit_report: dict = field(default_factory=dict, compare=False)
+    measured: Measured = Measured()
 
     def __post_init__(self) -> None:
         if not self.prefill or set(self.prefill) != set(self.decode):
             raise InputError(f"perf model: prefill TPs {sorted(self.prefill)} and decode TPs "
                              f"{sorted(self.decode)} must be the same, non-empty set")
+        unknown = sorted(set(self.measured.kv_capacity_tokens or {}) - set(self.prefill))
+        if unknown:
+            raise InputError(f"perf model: kv_capacity_tokens for TP={unknown[0]}, which has no cost function; "
+                             f"TPs: {sorted(self.prefill)}")
 
     @property
     def tps(self) -> tuple[int, ...]:
@@ -56,8 +74,15 @@ class AlphaBetaPerfModel:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV cache bytes of one token, whole model (``catalog.kv_bytes_per_token``)."""
-        return kv_bytes_per_token(self.model)
+        """KV cache bytes of one token, whole model: the measured figure when there is
+        one, else ``catalog.kv_bytes_per_token`` of the model's shape."""
+        return self.measured.kv_bytes_per_token or kv_bytes_per_token(self.model)
+
+    @property
+    def batching(self) -> EngineBatching | None:
+        """How the profiled engine mixes a local prefill with decode steps; None when
+        the model does not say (a catalog build)."""
+        return self.measured.batching
 
     def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
         """``T_pre``: prefill ``new_tokens`` on ``hist_tokens`` of history at TP ``tp``.
@@ -83,33 +108,48 @@ class AlphaBetaPerfModel:
             raise self._unknown_tp(tp) from None
 
     def kv_transfer_s(self, tokens: int, src: WorkerSpec, dst: WorkerSpec) -> float:
-        """``T_kv``: move ``tokens`` tokens of KV from ``src`` to ``dst`` (``Topology.transfer_s``)."""
-        return self.topology.transfer_s(tokens * self.kv_bytes_per_token, src, dst)
+        """``T_kv``: move ``tokens`` tokens of KV from ``src`` to ``dst``, seconds: 0 when
+        they are the same worker; else over the measured link when there is one
+        (``KvLink.transfer_s``, whatever the two workers' servers), or over the topology
+        (``Topology.transfer_s``)."""
+        num_bytes = tokens * self.kv_bytes_per_token
+        link = self.measured.kv_link
+        if link is None:
+            return self.topology.transfer_s(num_bytes, src, dst)
+        return 0.0 if src.worker_id == dst.worker_id else link.transfer_s(num_bytes)
 
     def kv_capacity_tokens(self, tp: int) -> int:
-        """KV tokens one replica of ``tp`` GPUs holds (``replica_kv_capacity_tokens``)."""
-        return replica_kv_capacity_tokens(self.model, self.gpu, tp)
+        """KV tokens one replica of ``tp`` GPUs holds: the measured figure for ``tp`` when
+        there is one, else ``replica_kv_capacity_tokens`` with this model's KV bytes per
+        token."""
+        measured = (self.measured.kv_capacity_tokens or {}).get(tp)
+        if measured is not None:
+            return measured
+        return replica_kv_capacity_tokens(self.model, self.gpu, tp, self.kv_bytes_per_token)
 
     def _unknown_tp(self, tp: int) -> InputError:
         return InputError(f"perf model {self.model.name} on {self.gpu.name}: no cost function for TP={tp}; "
                           f"fitted TPs: {list(self.tps)}")
 
     def to_json(self) -> str:
-        """JSON text: format tag, model and GPU names, topology, coefficients per TP, fit report."""
+        """JSON text in format ``FORMAT``: the model's and GPU's specs, topology,
+        coefficients per TP, fit report, and the measured fields that are set."""
         return json.dumps({
-            "format": FORMAT, "model": self.model.name, "gpu": self.gpu.name,
+            "format": FORMAT, "model": spec_to_dict(self.model), "gpu": spec_to_dict(self.gpu),
             "topology": asdict(self.topology),
             "tps": {str(tp): {"prefill": self.prefill[tp].to_dict(), "decode": self.decode[tp].to_dict()}
                     for tp in self.tps},
-            "fit_report": self.fit_report,
+            "fit_report": self.fit_report, **measured_to_dict(self.measured),
         }, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "AlphaBetaPerfModel":
-        """Inverse of ``to_json``; model and GPU are looked up in the catalog by name.
+        """Inverse of ``to_json``; also reads ``FORMAT_V1`` (model and GPU looked up in
+        the catalog by name).
 
         Raises:
-            InputError: not this format, missing fields, or unknown names.
+            InputError: not JSON or not one of these formats, missing fields, unknown
+                names, bad spec or measured fields (named).
             ImpossibleFitError: coefficients that give negative or non-monotone times.
         """
         try:
@@ -118,14 +158,35 @@ class AlphaBetaPerfModel:
             raise InputError(f"perf model JSON: not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise InputError(f"perf model JSON: expected an object at the top, got {type(data).__name__}")
-        if data.get("format") != FORMAT:
-            raise InputError(f"perf model JSON: format {data.get('format')!r}, expected {FORMAT!r}")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "AlphaBetaPerfModel":
+        """``from_json`` of an already parsed JSON object (a profile holds one).
+
+        Raises:
+            InputError, ImpossibleFitError: as ``from_json``.
+        """
+        fmt = data.get("format")
+        if fmt not in (FORMAT, FORMAT_V1):
+            raise InputError(f"perf model JSON: format {fmt!r}, expected {FORMAT!r} (or {FORMAT_V1!r})")
+        if fmt == FORMAT:
+            unknown = sorted(set(data) - _V2_KEYS)
+            if unknown:
+                raise InputError(f"perf model JSON: unknown field {unknown[0]!r}; known: {', '.join(sorted(_V2_KEYS))}")
         try:
             tps = {int(tp): costs for tp, costs in data["tps"].items()}
-            return cls(model(data["model"]), gpu(data["gpu"]), Topology(**data["topology"]),
+            if fmt == FORMAT_V1:
+                spec, device, measured = model(data["model"]), gpu(data["gpu"]), Measured()
+            else:
+                spec, device = model_spec_from_dict(data["model"]), gpu_spec_from_dict(data["gpu"])
+                measured = measured_from_dict(data)
+            # A profile need not know the servers' links: the GPU's datasheet NVLink then.
+            topology = Topology(**data["topology"]) if "topology" in data else default_topology(device)
+            return cls(spec, device, topology,
                        {tp: PrefillCost.from_dict(c["prefill"]) for tp, c in tps.items()},
                        {tp: DecodeCost.from_dict(c["decode"]) for tp, c in tps.items()},
-                       data.get("fit_report", {}))
+                       data.get("fit_report", {}), measured)
         except AmpdError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -59,9 +59,10 @@ class TauTable:
 
 def usable_degrees(perf: PerfModel, num_gpus: int, gpus_per_server: int,
                    degrees: Sequence[int] = DEGREES) -> tuple[int, ...]:
-    """Degrees a plan on ``num_gpus`` GPUs may use: at most one server, holding the
-    weights with room for KV (``kv_capacity_tokens > 0``), and leaving room for one
-    replica of the other role at the smallest such degree.
+    """Degrees a plan on ``num_gpus`` GPUs may use: among ``perf.tps`` (a profile has
+    only the degrees it measured), at most one server, holding the weights with room
+    for KV (``kv_capacity_tokens > 0``), and leaving room for one replica of the other
+    role at the smallest such degree.
 
     Raises:
         InputError: ``num_gpus`` or ``gpus_per_server`` below 1; the weights fit at no
@@ -69,11 +70,13 @@ def usable_degrees(perf: PerfModel, num_gpus: int, gpus_per_server: int,
     """
     if num_gpus < 1 or gpus_per_server < 1:
         raise InputError(f"num_gpus ({num_gpus}) and gpus_per_server ({gpus_per_server}) must be >= 1")
-    fitting = sorted(n for n in degrees if n <= gpus_per_server and perf.kv_capacity_tokens(n) > 0)
+    offered = [n for n in degrees if n in perf.tps]
+    fitting = sorted(n for n in offered if n <= gpus_per_server and perf.kv_capacity_tokens(n) > 0)
     if not fitting:
         raise InputError(f"the model does not fit in memory at any degree: no replica of "
-                         f"{'/'.join(map(str, degrees))} GPUs (at most {gpus_per_server}, one server) holds its "
-                         f"weights with room for KV cache")
+                         f"{'/'.join(map(str, offered)) or 'no'} GPUs (at most {gpus_per_server}, one server; the "
+                         f"performance model has TP={', '.join(map(str, perf.tps))}) holds its weights with room "
+                         f"for KV cache")
     smallest = fitting[0]
     if 2 * smallest > num_gpus:
         raise InputError(f"too few GPUs: the smallest replica that holds the weights has {smallest} GPU(s), so one "

@@ -19,8 +19,9 @@ PREFILL_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75)
 
 
 def usable_degrees(perf: PerfModel, gpus_per_server: int = 8) -> list[int]:
-    """TP degrees whose replica holds the weights and fits in a server."""
-    return [tp for tp in DEGREES if tp <= gpus_per_server and perf.kv_capacity_tokens(tp) > 0]
+    """TP degrees the performance model has (``perf.tps``) whose replica holds the
+    weights and fits in a server."""
+    return [tp for tp in DEGREES if tp in perf.tps and tp <= gpus_per_server and perf.kv_capacity_tokens(tp) > 0]
 
 
 def disaggregated_candidates(perf: PerfModel, num_gpus: int) -> list[Deployment]:

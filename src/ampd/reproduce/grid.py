@@ -8,12 +8,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Cell:
-    """One model on one workload at the paper's GPU count (H20 GPUs); every run of
-    it is a steady-state run (AMPD.md section 6)."""
+    """One model on one workload at the paper's GPU count (H20 GPUs, or the GPU of
+    ``perf_model``, a perf model file that times the cell); every run of it is a
+    steady-state run (AMPD.md section 6)."""
 
     model: str
     workload: str
     num_gpus: int
+    perf_model: str | None = None
 
     @property
     def label(self) -> str:
@@ -54,8 +56,13 @@ QUICK_KNOBS = {"reorder_window": (2, 3, 5), "alpha": (0.7, 0.9), "beta": (0.7, 0
 SCREEN_WINDOW_SHARE = 0.25
 
 
-def cells(quick: bool) -> list[Cell]:
-    """The grid: 3 models x 4 workloads, or one model (Llama-3.1-70B) with --quick."""
+def cells(quick: bool, perf_model: tuple[str, str] | None = None) -> list[Cell]:
+    """The grid: 3 models x 4 workloads, or one model (Llama-3.1-70B) with --quick;
+    with ``perf_model`` (its file and the name of the model in it), that model
+    alone."""
+    if perf_model is not None:
+        path, name = perf_model
+        return [Cell(name, w, gpus, path) for w, gpus in WORKLOADS.items()]
     models = MODELS[:1] if quick else MODELS
     return [Cell(m, w, gpus) for m in models for w, gpus in WORKLOADS.items()]
 

@@ -45,7 +45,9 @@ def prepare(cells: list[grid.Cell], run: PointRunner) -> list[Prepared]:
     (searched from the prefill-bound rate, ``capacity.prefill_bound_rate_per_s``)."""
     configs, bounds, perfs = [], [], []
     for cell in cells:
-        cluster = {"model": cell.model, "num_gpus": cell.num_gpus, "gpu": grid.GPU}
+        cluster = {"model": cell.model, "num_gpus": cell.num_gpus, "perf_model": cell.perf_model}
+        if cell.perf_model is None:  # a perf model file names its own GPU
+            cluster["gpu"] = grid.GPU
         config = resolve_slo(override(RunConfig(), cluster=cluster,
                                       workload={"name": cell.workload, "rate_per_s": 1.0}))
         perf = perf_model_for(config)

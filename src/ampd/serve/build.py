@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from ampd.config import RunConfig
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
-from ampd.experiment import perf_model_for, slo_for
+from ampd.experiment import perf_model_for, require_tp, slo_for
 from ampd.policy.routing import SloThresholds
 from ampd.policy.systems import get_system
 from ampd.serve.app import create_app
@@ -32,7 +32,8 @@ def engine_workers(config: RunConfig) -> list[WorkerInfo]:
     """``serve.workers`` as registry entries, ids in the order given.
 
     Raises:
-        InputError: the list is empty, or the system's roles do not match it.
+        InputError: the list is empty, the system's roles do not match it, or a
+            worker's TP has no cost functions in the performance model.
     """
     entries = config.serve.workers
     if not entries:
@@ -43,6 +44,7 @@ def engine_workers(config: RunConfig) -> list[WorkerInfo]:
     system = get_system(config.system)
     perf = perf_model_for(config)
     for w in workers:
+        require_tp(perf, w.spec.tp, f"serve.workers[{w.spec.worker_id}] ({w.url})")
         if w.spec.role is Role.DECODE and perf.kv_capacity_tokens(w.spec.tp) <= 0:
             raise InputError(f"serve.workers[{w.spec.worker_id}] ({w.url}): {config.cluster.model} does not fit "
                              f"in {w.spec.tp} x {config.cluster.gpu} with room for KV cache; give it a larger tp")

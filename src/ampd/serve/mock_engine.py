@@ -52,7 +52,7 @@ from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.core.session import MAX_TOKENS
 from ampd.core.task import PrefillTask
-from ampd.experiment import perf_model_for
+from ampd.experiment import perf_model_for, require_tp
 from ampd.metrics.records import ItlSeries
 from ampd.perf.interface import PerfModel
 from ampd.policy.reorder import Fcfs
@@ -79,15 +79,19 @@ def token_id(session_id: str, prompt_tokens: int, position: int, vocab_size: int
 
 
 def engine_perf_model(model: str, gpu: str, network_gb_per_s: float = _DEFAULTS.network_gb_per_s,
-                      nvlink_gb_per_s: float | None = None) -> PerfModel:
+                      nvlink_gb_per_s: float | None = None, perf_model: str | None = None) -> PerfModel:
     """The simulator's performance model of ``model`` on ``gpu`` with these links
-    (``ClusterConfig``'s fields of the same names).
+    (``ClusterConfig``'s fields of the same names), or the one in the file
+    ``perf_model`` (``ClusterConfig.perf_model``: ``model`` and ``gpu`` must then be
+    the file's names), exactly as a simulation of that configuration gets it.
 
     Raises:
-        InputError: unknown model or GPU name.
+        InputError: unknown model or GPU name; an unreadable perf model file, or one
+            of another model or GPU.
         pydantic.ValidationError (a ValueError): a bandwidth <= 0.
     """
-    cluster = ClusterConfig(model=model, gpu=gpu, network_gb_per_s=network_gb_per_s, nvlink_gb_per_s=nvlink_gb_per_s)
+    cluster = ClusterConfig(model=model, gpu=gpu, network_gb_per_s=network_gb_per_s, nvlink_gb_per_s=nvlink_gb_per_s,
+                            perf_model=perf_model)
     return perf_model_for(RunConfig(cluster=cluster))
 
 
@@ -99,6 +103,8 @@ class EngineOptions:
         role, worker_id, tp, server: the worker's ``WorkerSpec``.
         model, gpu: catalog names of the performance model; ``model`` is also the
             served model name.
+        perf_model: a perf model file that times the engine instead of the catalog's
+            (``engine_perf_model``); None: the catalog's.
         network_gb_per_s, nvlink_gb_per_s: the links of the performance model (KV
             transfer times), as in ``ClusterConfig``.
         time_scale: wall seconds per model second (``ScaledClock``).
@@ -121,6 +127,7 @@ class EngineOptions:
     gpu: str = _DEFAULTS.gpu
     network_gb_per_s: float = _DEFAULTS.network_gb_per_s
     nvlink_gb_per_s: float | None = None
+    perf_model: str | None = None
     time_scale: float = 1.0
     kv_fail_rate: float = 0.0
     seed: int = 0
@@ -253,14 +260,16 @@ class MockEngine:
             stays until the worker has produced its last token.
 
     Raises:
-        InputError: the model's weights do not fit in ``tp`` GPUs, or an unknown
-            model or GPU name.
+        InputError: the model's weights do not fit in ``tp`` GPUs, a ``tp`` the
+            performance model has no cost functions for, or an unknown model or GPU
+            name.
     """
 
     def __init__(self, options: EngineOptions, perf: PerfModel | None = None) -> None:
         self.options = options
         self.perf = perf or engine_perf_model(options.model, options.gpu, options.network_gb_per_s,
-                                              options.nvlink_gb_per_s)
+                                              options.nvlink_gb_per_s, options.perf_model)
+        require_tp(self.perf, options.tp, "mock engine")
         self.spec = WorkerSpec(options.worker_id, options.role, options.tp, options.server)
         self.capacity_tokens = self.perf.kv_capacity_tokens(options.tp)
         if self.capacity_tokens <= 0:
@@ -523,6 +532,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default=_DEFAULTS.gpu)
     p.add_argument("--network-gb-per-s", type=float, default=_DEFAULTS.network_gb_per_s, help="between servers")
     p.add_argument("--nvlink-gb-per-s", type=float, default=None, help="per GPU; default: the GPU's datasheet")
+    p.add_argument("--perf-model", help="perf model file timing the engine (--model and --gpu: its names)")
     p.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per model second")
     p.add_argument("--kv-fail-rate", type=float, default=0.0, help="probability a remote prefill's KV fails to load")
     p.add_argument("--seed", type=int, default=0)

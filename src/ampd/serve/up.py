@@ -24,6 +24,7 @@ import httpx
 from ampd.config import EngineWorker, RunConfig, override
 from ampd.core.deployment import Deployment, Role, WorkerSpec
 from ampd.core.errors import InputError
+from ampd.experiment import perf_model_for, require_tp
 from ampd.metrics.report import write_json
 from ampd.planning import resolve_deployment
 from ampd.serve.redis_proc import redis_command, wait_for_redis
@@ -105,6 +106,10 @@ class LocalCluster:
 
     def __init__(self, config: RunConfig, log_dir: str | Path, coordinators: int = 1) -> None:
         self.config = resolve_deployment(config)
+        # Before any engine starts: a profile may lack a TP the deployment asks for.
+        perf = perf_model_for(self.config)
+        for spec in self.specs():
+            require_tp(perf, spec.tp, f"cluster.deployment {self.config.cluster.deployment!r}")
         self.log_dir = Path(log_dir)
         self.num_coordinators = coordinators
         self.children: list[Child] = []
@@ -207,6 +212,8 @@ class LocalCluster:
                     str(cluster.network_gb_per_s)]
             if cluster.nvlink_gb_per_s is not None:
                 argv += ["--nvlink-gb-per-s", str(cluster.nvlink_gb_per_s)]
+            if cluster.perf_model is not None:
+                argv += ["--perf-model", cluster.perf_model]
             child = self._spawn(name, argv, url)
         else:
             from ampd.serve import vllm_launch  # only real-engine clusters need it

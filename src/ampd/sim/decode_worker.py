@@ -13,13 +13,12 @@ from ampd.core.task import PrefillTask
 from ampd.core.view import QueuedTask, WorkerView
 from ampd.metrics.records import RecordedItls, StepItls, StepLog
 from ampd.perf.interface import PerfModel
+from ampd.perf.measured import BATCHING_MODES
 from ampd.policy.reorder import QueuePolicy, apply_order
 from ampd.policy.window import SlidingWindowMean
 from ampd.sim.engine import EventLoop
 from ampd.sim.kv_cache import SessionKvCache
 from ampd.sim.sink import RoundSink
-
-BATCHING_MODES = ("alternate", "prefill-first", "chunked")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,157 @@
+"""What a measured profile knows better than the catalog: a KV link's cost, KV capacity per
+TP, KV bytes per token, and how the engine mixes a local prefill with decode steps.
+
+These are the optional fields of the ``ampd.perf.alphabeta/2`` JSON form (docs/PERF_MODEL.md,
+section 5); ``measured_from_dict`` reads them with an ``InputError`` naming the field,
+``measured_to_dict`` writes them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ampd.core.errors import InputError
+
+# How a decode engine runs a local prefill among its decode steps (``ampd.sim.decode_worker.Batching``
+# documents each): AMPD's decode workers (alternate), vLLM V0 (prefill-first), vLLM V1 (chunked).
+BATCHING_MODES = ("alternate", "prefill-first", "chunked")
+
+
+@dataclass(frozen=True, slots=True)
+class KvLink:
+    """A measured KV transfer link: ``alpha_s + s_per_byte * bytes`` seconds per transfer.
+
+    Attributes:
+        alpha_s: fixed cost of one transfer, seconds (>= 0).
+        s_per_byte: seconds per byte moved (>= 0).
+    """
+
+    alpha_s: float
+    s_per_byte: float
+
+    def transfer_s(self, num_bytes: float) -> float:
+        """Seconds to move ``num_bytes`` between two different workers."""
+        return self.alpha_s + self.s_per_byte * num_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class EngineBatching:
+    """How the profiled engine mixes a local prefill with its decode steps.
+
+    Attributes:
+        mode: one of ``BATCHING_MODES``.
+        chunk_tokens: the engine's token budget of one step (vLLM's
+            ``max_num_batched_tokens``); required for ``chunked``, None when unknown
+            for the other modes.
+    """
+
+    mode: str
+    chunk_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """The optional measured fields of a perf model; None (or empty) where not measured.
+
+    Attributes:
+        kv_link: replaces the topology's KV transfer time.
+        kv_capacity_tokens: KV tokens one replica holds, per TP degree.
+        kv_bytes_per_token: KV bytes of one token, whole model.
+        batching: how the engine mixes a local prefill with decode steps.
+    """
+
+    kv_link: KvLink | None = None
+    kv_capacity_tokens: dict[int, int] | None = None
+    kv_bytes_per_token: int | None = None
+    batching: EngineBatching | None = None
+
+
+def measured_from_dict(data: dict) -> Measured:
+    """The optional measured fields of a ``/2`` perf model object ``data`` (that a
+    capacity's TP is one of the model's is ``AlphaBetaPerfModel``'s check).
+
+    Raises:
+        InputError: a field of the wrong shape or out of range, naming the field.
+    """
+    return Measured(_kv_link(data.get("kv_transfer")), _capacity(data.get("kv_capacity_tokens")),
+                    _optional_count("kv_bytes_per_token", data.get("kv_bytes_per_token")),
+                    _batching(data.get("batching")))
+
+
+def measured_to_dict(measured: Measured) -> dict:
+    """The JSON fields of ``measured``, only those that are set."""
+    out: dict = {}
+    if measured.kv_link is not None:
+        out["kv_transfer"] = {"alpha_s": measured.kv_link.alpha_s, "s_per_byte": measured.kv_link.s_per_byte}
+    if measured.kv_capacity_tokens is not None:
+        out["kv_capacity_tokens"] = {str(tp): n for tp, n in sorted(measured.kv_capacity_tokens.items())}
+    if measured.kv_bytes_per_token is not None:
+        out["kv_bytes_per_token"] = measured.kv_bytes_per_token
+    if measured.batching is not None:
+        out["batching"] = {"mode": measured.batching.mode, "chunk_tokens": measured.batching.chunk_tokens}
+    return out
+
+
+def _object(field: str, value: object, keys: set[str]) -> dict:
+    if not isinstance(value, dict):
+        raise InputError(f"{field}: expected an object, got {type(value).__name__}")
+    unknown = sorted(set(value) - keys)
+    if unknown:
+        raise InputError(f"{field}: unknown field {unknown[0]!r}; known: {', '.join(sorted(keys))}")
+    return value
+
+
+def _seconds(field: str, value: object) -> float:
+    """A finite number >= 0 (a time or a time per byte cannot be negative)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InputError(f"{field}: expected a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _count(field: str, value: object) -> int:
+    """An integer >= 1 (JSON's true is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{field}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+def _optional_count(field: str, value: object) -> int | None:
+    return None if value is None else _count(field, value)
+
+
+def _kv_link(value: object) -> KvLink | None:
+    if value is None:
+        return None
+    data = _object("kv_transfer", value, {"alpha_s", "s_per_byte"})
+    missing = [k for k in ("alpha_s", "s_per_byte") if k not in data]
+    if missing:
+        raise InputError(f"kv_transfer: missing {missing[0]!r}")
+    return KvLink(_seconds("kv_transfer.alpha_s", data["alpha_s"]),
+                  _seconds("kv_transfer.s_per_byte", data["s_per_byte"]))
+
+
+def _capacity(value: object) -> dict[int, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InputError(f"kv_capacity_tokens: expected an object of TP -> tokens, got {type(value).__name__}")
+    capacity = {}
+    for key, tokens in value.items():
+        if not (str(key).isdigit() and int(key) >= 1):
+            raise InputError(f"kv_capacity_tokens: key {key!r} is not a TP degree (an integer >= 1)")
+        capacity[int(key)] = _count(f"kv_capacity_tokens.{key}", tokens)
+    return capacity
+
+
+def _batching(value: object) -> EngineBatching | None:
+    if value is None:
+        return None
+    data = _object("batching", value, {"mode", "chunk_tokens"})
+    mode = data.get("mode")
+    if mode not in BATCHING_MODES:
+        raise InputError(f"batching.mode: {mode!r} is not one of {', '.join(BATCHING_MODES)}")
+    chunk = _optional_count("batching.chunk_tokens", data.get("chunk_tokens"))
+    if mode == "chunked" and chunk is None:
+        raise InputError("batching.chunk_tokens: required when batching.mode is 'chunked' (the step's token budget)")
+    return EngineBatching(mode, chunk)

@@ -1,0 +1,134 @@
+"""Perf model files that need no catalog (format ``ampd.perf.alphabeta/2``), their measured
+fields, the ``/1`` files still read, and ``load_perf_model`` (alpha-beta JSON or profile).
+Expected values worked out by hand from tests/hand_perf_file.py."""
+
+import json
+
+import pytest
+
+from ampd.core.deployment import Role, WorkerSpec
+from ampd.core.errors import InputError
+from ampd.perf import EngineBatching, load_perf_model
+from ampd.perf.catalog import ModelSpec
+from ampd.perf.model import FORMAT_V1, AlphaBetaPerfModel, build_perf_model
+from hand_perf_file import hand_model, write_hand_model
+
+P0 = WorkerSpec(0, Role.PREFILL, 1, server=0)
+D1 = WorkerSpec(1, Role.DECODE, 1, server=0)
+D2_OTHER_SERVER = WorkerSpec(2, Role.DECODE, 1, server=1)
+
+
+def _from(data: dict) -> AlphaBetaPerfModel:
+    return AlphaBetaPerfModel.from_json(json.dumps(data))
+
+
+def test_a_model_outside_the_catalog_times_work_by_its_coefficients_and_measurements():
+    m = _from(hand_model())
+    assert (m.model.name, m.gpu.name, m.tps) == ("my-8b", "my-gpu", (1,))
+    assert m.prefill_s(5000, 1000, 1) == pytest.approx(0.01 + 1000 * 1e-4)  # 0.11 s, history free
+    assert m.decode_step_s(32, 64_000, 1) == pytest.approx(0.02)
+    assert m.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131_072
+    # measured link: 1 ms + 1 ns/byte x 1,000 tokens x 131,072 bytes, whatever the servers
+    assert m.kv_transfer_s(1000, P0, D1) == pytest.approx(0.001 + 0.131072)
+    assert m.kv_transfer_s(1000, P0, D2_OTHER_SERVER) == pytest.approx(0.132072)
+    assert m.kv_transfer_s(1000, D1, D1) == 0.0
+    assert m.kv_capacity_tokens(1) == 100_000
+    assert m.batching == EngineBatching("chunked", 512)
+
+
+def test_without_measurements_the_figures_come_from_the_specs():
+    data = hand_model()
+    for key in ("kv_capacity_tokens", "kv_transfer", "batching"):
+        del data[key]
+    m = _from(data)
+    # (1 x 40e9 x 0.9 - 8,030,261,248 x 2 bytes) // 131,072 = 19,939,477,504 // 131,072
+    assert m.kv_capacity_tokens(1) == 152_126
+    assert m.batching is None
+    # topology left out: the GPU's datasheet NVLink (100 GB/s both ways, 50 one way) on one server
+    assert m.kv_transfer_s(1000, P0, D1) == pytest.approx(50e-6 + 131_072_000 / 50e9)
+    # a measured KV size replaces the spec's everywhere, capacity included (an FP8 cache, say)
+    m = _from({**data, "kv_bytes_per_token": 65_536})
+    assert m.kv_bytes_per_token == 65_536 and m.kv_capacity_tokens(1) == 304_252
+
+
+def test_round_trip_keeps_every_field(tmp_path):
+    m = _from(hand_model())
+    back = AlphaBetaPerfModel.from_json(m.to_json())
+    assert back == m and back.measured == m.measured and back.batching == m.batching
+    written = json.loads(m.to_json())
+    assert written["format"] == "ampd.perf.alphabeta/2"
+    assert written["kv_capacity_tokens"] == {"1": 100_000} and written["kv_transfer"] == hand_model()["kv_transfer"]
+
+
+def test_a_catalog_build_is_written_in_v2_with_full_specs_and_read_back_identical():
+    h20 = build_perf_model("Llama-3.1-8B", "H20", tps=(1, 2))
+    data = json.loads(h20.to_json())
+    assert set(data["model"]) == set(ModelSpec.__dataclass_fields__) and data["model"]["params"] == 8_030_261_248
+    assert "kv_transfer" not in data and "batching" not in data  # nothing measured, nothing written
+    back = _from(data)
+    assert back == h20 and back.prefill_s(100, 700, 2) == h20.prefill_s(100, 700, 2)
+
+
+def test_v1_files_are_still_read_with_catalog_names():
+    h20 = build_perf_model("Llama-3.1-8B", "H20", tps=(1, 2))
+    data = {**json.loads(h20.to_json()), "format": FORMAT_V1, "model": "Llama-3.1-8B", "gpu": "H20"}
+    assert _from(data) == h20
+
+
+def _without(data: dict, section: str, key: str) -> dict:
+    data[section] = {k: v for k, v in data[section].items() if k != key}
+    return data
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["kv_transfer"].update(alpha_s=-0.001), "kv_transfer.alpha_s: expected a finite number >= 0"),
+    (lambda d: d["kv_transfer"].update(s_per_byte="1e-9"), "kv_transfer.s_per_byte"),
+    (lambda d: _without(d, "kv_transfer", "s_per_byte"), "kv_transfer: missing 's_per_byte'"),
+    (lambda d: d.update(kv_transfer=3), "kv_transfer: expected an object"),
+    (lambda d: d.update(kv_capacity_tokens={"2": 10}), "kv_capacity_tokens for TP=2, which has no cost function"),
+    (lambda d: d.update(kv_capacity_tokens={"tp1": 10}), "kv_capacity_tokens: key 'tp1' is not a TP degree"),
+    (lambda d: d.update(kv_capacity_tokens={"1": 0}), "kv_capacity_tokens.1: expected an integer >= 1"),
+    (lambda d: d.update(kv_capacity_tokens={"1": 1.5}), "kv_capacity_tokens.1"),
+    (lambda d: d.update(kv_bytes_per_token=True), "kv_bytes_per_token: expected an integer >= 1"),
+    (lambda d: d["batching"].update(mode="eager"), "batching.mode: 'eager' is not one of"),
+    (lambda d: _without(d, "batching", "chunk_tokens"), "batching.chunk_tokens: required"),
+    (lambda d: d["batching"].update(budget=1), "batching: unknown field 'budget'"),
+    (lambda d: d.update(kv_capacity={"1": 5}), "unknown field 'kv_capacity'"),
+    (lambda d: _without(d, "model", "hidden_size"), "model: missing 'hidden_size'"),
+    (lambda d: d["model"].update(num_layers="32"), "model.num_layers: expected an integer > 0"),
+    (lambda d: d["model"].update(active_params=9_000_000_000), "model.active_params: 9000000000 is more than params"),
+    (lambda d: d["gpu"].update(memory_gb=0), "gpu.memory_gb: expected a number > 0"),
+    (lambda d: d.update(gpu="my-gpu"), "gpu: expected an object"),
+])
+def test_bad_values_are_refused_naming_the_field(change, message):
+    data = hand_model()
+    change(data)
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        _from(data)
+
+
+def test_load_reads_a_model_or_a_profile_holding_one(tmp_path):
+    model_path = write_hand_model(tmp_path / "model.json")
+    profile = {"format": "ampd.profile/1", "perf_model": hand_model(), "points": []}
+    profile_path = write_hand_model(tmp_path / "profile.json", profile)
+    assert load_perf_model(model_path) == load_perf_model(profile_path) == _from(hand_model())
+    assert load_perf_model(model_path) is load_perf_model(model_path)  # read once per file version
+    write_hand_model(model_path, {**hand_model(), "kv_bytes_per_token": 65_536})
+    assert load_perf_model(model_path).kv_bytes_per_token == 65_536
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"format": "ampd.profile/1", "points": []}, "a profile .* without a 'perf_model' object"),
+    ({"format": "ampd.profile/1", "perf_model": {**hand_model(), "batching": {"mode": "x"}}}, "batching.mode"),
+    ({"format": "something"}, "format 'something'"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_load_errors_name_the_file(tmp_path, content, message):
+    path = write_hand_model(tmp_path / "bad.json", content)
+    with pytest.raises(InputError, match=f"bad.json: .*{message}"):
+        load_perf_model(path)
+    (tmp_path / "text.json").write_text("{not json")
+    with pytest.raises(InputError, match="text.json: not valid JSON"):
+        load_perf_model(tmp_path / "text.json")
+    with pytest.raises(InputError, match="missing.json: cannot read"):
+        load_perf_model(tmp_path / "missing.json")
