@@ -7,7 +7,7 @@ import argparse
 import math
 import sys
 
-from ampd.cli import plan, replay, reproduce, serve
+from ampd.cli import plan, profile, replay, reproduce, serve
 from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_int
 from ampd.cli.tables import arrivals_text, capacity_table, print_table, summary_table
 from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
     plan.register(sub)
+    profile.register(sub)
     reproduce.register(sub)
     serve.register(sub)
     replay.register(sub)

@@ -71,5 +71,17 @@ def capacity_table(title: str, rows: Sequence[dict]) -> Table:
     return table
 
 
+def fit_table(title: str, fits: Sequence[tuple[str, object]]) -> Table:
+    """One row per fitted cost function (``ampd.profile.fit.FitResult``): points,
+    breakpoints, MAPE on the points fitted and on those held out."""
+    table = Table(title=title)
+    for name in ("function", "grid points", "breakpoints", "train MAPE", "held-out MAPE"):
+        table.add_column(name, justify="left" if name in ("function", "breakpoints") else "right")
+    for name, fit in fits:
+        table.add_row(name, str(fit.num_train + fit.num_held_out), str(list(fit.breakpoints)),
+                      _pct(fit.train_mape), _pct(fit.held_out_mape))
+    return table
+
+
 def print_table(table: Table) -> None:
     Console(width=160).print(table)

@@ -18,10 +18,14 @@ with ``X-Session-Last-Round: true`` frees the session's KV when it ends. A
 request without ``X-Session-Id`` belongs to the session ``""``.
 
 Prefill role: a ``max_tokens: 1`` request with ``do_remote_decode`` and the
-AMPD keys (``ampd_hist_tokens``, ``ampd_decode_tp``, ``ampd_decode_server``)
+AMPD keys (``ampd_hist_tokens``, ``ampd_decode_tp``, ``ampd_decode_server``;
+without them: no history, a decode engine of the same TP on the same server)
 reads its history from that decode worker, prefills the rest and sends the new
 KV back; the reply comes when the KV has arrived, with the ``kv_transfer_params``
 the decode engine takes.
+
+``GET /metrics`` reports vLLM's metric names for what the mock does, in model
+seconds (``mock_metrics``), so ``ampd profile`` measures a mock as a real engine.
 
 Run: ``python -m ampd.serve.mock_engine --role decode --worker-id 1 --tp 4
 --server 0 --port 8101 --time-scale 0.05``.
@@ -57,6 +61,7 @@ from ampd.metrics.records import ItlSeries
 from ampd.perf.interface import PerfModel
 from ampd.policy.reorder import Fcfs
 from ampd.serve.clock import ScaledClock
+from ampd.serve.mock_metrics import MockEngineMetrics
 from ampd.serve.wallclock_loop import WallClockLoop
 from ampd.sim.decode_worker import BATCHING_MODES, Batching, SimDecodeWorker
 from ampd.sim.kv_cache import RETENTION_POLICIES, SessionKvCache
@@ -215,8 +220,9 @@ def parse_request(body: Any, model: str, vocab_size: int) -> CompletionRequest:
                              _field(body, "kv_transfer_params", dict, {}))
 
 
-def _int_param(params: dict[str, Any], name: str, low: int, high: int | None = None) -> int:
-    value = params.get(name)
+def _int_param(params: dict[str, Any], name: str, low: int, high: int | None = None,
+               default: int | None = None) -> int:
+    value = params.get(name, default)
     if type(value) is not int or value < low or (high is not None and value > high):
         bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise RequestError(400, f"kv_transfer_params.{name}: expected an integer {bounds}, got {value!r}",
@@ -234,6 +240,9 @@ class EngineRound:
         cached_tokens: prompt tokens whose KV the engine did not compute.
         kv_transfer_params: what the reply carries (prefill role), else None.
         last_round: free the session's KV when the round ends.
+        submit_s, last_token_s: when it arrived and when its last token so far was
+            out, model seconds (the engine's metrics).
+        kv_send_s: a prefill role's KV transfer to its decode engine, model seconds.
     """
 
     session_id: str
@@ -244,6 +253,9 @@ class EngineRound:
     last_round: bool = False
     events: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
     num_emitted: int = 0
+    submit_s: float = 0.0
+    last_token_s: float = 0.0
+    kv_send_s: float = 0.0
 
     def emit(self) -> None:
         """The worker produced the next token."""
@@ -279,6 +291,7 @@ class MockEngine:
         self._held: dict[str, np.ndarray] = {}
         self._decode_specs: dict[int, WorkerSpec] = {}
         self.worker = self._make_worker()
+        self.metrics = MockEngineMetrics(self.capacity_tokens)
         self._ids = itertools.count()
         self._fail_rng = random.Random(options.seed)
 
@@ -345,8 +358,9 @@ class MockEngine:
         task = PrefillTask(session_id, next(self._ids), cached_tokens, n - cached_tokens, self.loop.now_s,
                            decode_worker)
         outputs = [token_id(session_id, n, i, self.options.vocab_size) for i in range(request.max_tokens)]
-        rnd = EngineRound(session_id, n, outputs, cached_tokens)
+        rnd = EngineRound(session_id, n, outputs, cached_tokens, submit_s=self.loop.now_s)
         self.rounds[task.key] = rnd
+        self.metrics.num_requests_running.set(len(self.rounds))
         return rnd, task
 
     def _submit_remote(self, request: CompletionRequest, session_id: str, params: dict[str, Any],
@@ -370,12 +384,18 @@ class MockEngine:
         if request.max_tokens != 1 or request.stream:
             name = "max_tokens" if request.max_tokens != 1 else "stream"
             raise RequestError(400, f"{name}: a prefill engine takes max_tokens 1, stream false", name)
-        hist_tokens = _int_param(params, "ampd_hist_tokens", 0, len(request.prompt) - 1)
-        decode_spec = WorkerSpec(-1, Role.DECODE, _int_param(params, "ampd_decode_tp", 1),
-                                 _int_param(params, "ampd_decode_server", 0))
+        # Without AMPD's keys it is vLLM's plain disaggregated request: no history, and
+        # a decode engine like this one on its server.
+        hist_tokens = _int_param(params, "ampd_hist_tokens", 0, len(request.prompt) - 1, default=0)
+        decode_spec = WorkerSpec(-1, Role.DECODE, _int_param(params, "ampd_decode_tp", 1, default=self.spec.tp),
+                                 _int_param(params, "ampd_decode_server", 0, default=self.spec.server))
         spec_key = next(self._ids)
         self._decode_specs[spec_key] = decode_spec
         rnd, task = self._start(request, session_id, hist_tokens, spec_key)
+        new_tokens = rnd.prompt_tokens - hist_tokens
+        rnd.kv_send_s = self.perf.kv_transfer_s(new_tokens, self.spec, decode_spec)
+        self.metrics.kv_xfer_time_s.observe(rnd.kv_send_s)
+        self.metrics.kv_bytes.observe(new_tokens * self.perf.kv_bytes_per_token)
         rnd.kv_transfer_params = {"do_remote_prefill": True, "do_remote_decode": False,
                                   "ampd_prefill_worker": self.spec.worker_id, "ampd_prompt_tokens": rnd.prompt_tokens}
         self.worker.enqueue(task)
@@ -390,6 +410,8 @@ class MockEngine:
         """Sink: the round's first token is out (its KV is on the decode side)."""
         rnd = self.rounds[task.key]
         rnd.emit()
+        rnd.last_token_s = self.loop.now_s
+        self.metrics.prefill_time_s.observe(rnd.last_token_s - rnd.submit_s - rnd.kv_send_s)
         if self.spec.role is Role.PREFILL:
             del self._decode_specs[task.decode_worker]
             self._end(task.key)
@@ -398,8 +420,12 @@ class MockEngine:
 
     def _tokens(self, keys: Iterable[tuple[str, int]]) -> None:
         """The decode worker's step ended: each of these rounds has its next token."""
+        now_s = self.loop.now_s
         for key in keys:
-            self.rounds[key].emit()
+            rnd = self.rounds[key]
+            rnd.emit()
+            self.metrics.inter_token_latency_s.observe(now_s - rnd.last_token_s)
+            rnd.last_token_s = now_s
 
     def round_done(self, session_id: str, round_index: int, itls: ItlSeries) -> None:
         """Sink: the round's last token is out."""
@@ -408,6 +434,7 @@ class MockEngine:
     def _end(self, key: tuple[str, int]) -> None:
         session_id = key[0]
         rnd = self.rounds.pop(key)
+        self.metrics.num_requests_running.set(len(self.rounds))
         rnd.events.put_nowait(None)
         if rnd.last_round:
             self.worker.kv.end_session(session_id)
@@ -465,6 +492,10 @@ def create_app(options: EngineOptions, perf: PerfModel | None = None) -> FastAPI
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(engine.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -1,0 +1,58 @@
+"""``ampd profile``: measure running engines and fit AMPD's cost model (docs/PROFILING.md)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from ampd.cli.options import output_dir, positive_int
+from ampd.cli.tables import fit_table, print_table
+from ampd.perf.catalog import gpu as catalog_gpu
+from ampd.perf.catalog import model as catalog_model
+from ampd.profile.plots import plot_profile
+from ampd.profile.profile_file import profile_document, write
+from ampd.profile.run import ProfileGrid, run
+
+# [our choice] --quick: a grid a mock engine answers in seconds and a tiny model on 2
+# CPU cores in about a minute; enough points for every fit, one repeat.
+QUICK_GRID = ProfileGrid(hist_tokens=(0, 512), new_tokens=(32, 128, 512, 2048), batch_sizes=(1, 4, 8),
+                         decode_prompt_tokens=(128, 512), kv_tokens=(256, 1024, 2048), repeats=1, warmup=1)
+
+
+def cmd_profile(args: argparse.Namespace) -> None:
+    out_dir = output_dir(args, "out/profile")
+    model, gpu = catalog_model(args.model), catalog_gpu(args.gpu)
+    grid = QUICK_GRID if args.quick else ProfileGrid()
+    if args.repeats is not None:
+        grid = dataclasses.replace(grid, repeats=args.repeats)
+    points, fingerprints, fits = run(args.decode_url, args.prefill_url, grid, args.seed, not args.quiet)
+    document = profile_document(points, fingerprints, fits, model, gpu, args.tp, grid, args.seed)
+    path = write(document, out_dir / "profile.json")
+    engine = fingerprints["decode_engine"]
+    title = f"{engine['model']} on {engine['engine']} {engine.get('engine_version') or ''}, TP={args.tp}".strip()
+    plots = plot_profile(points, fits, title, out_dir)
+    named = [("T_pre", fits["prefill"]), ("T_dec", fits["decode"]), ("T_kv", fits["kv"])]
+    print_table(fit_table(f"profile of {title}", [(name, fit) for name, fit in named if fit is not None]))
+    mode = fits["batching"]
+    print(f"local prefill on the decode engine: {mode['mode']}"
+          + (f", about {mode['chunk_tokens']} tokens per step" if mode["mode"] == "chunked" else ""))
+    print(f"profile in {path} (use it with --perf-model {path}); plots: {', '.join(p.name for p in plots)}")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``ampd profile`` to the ``ampd`` command."""
+    p = sub.add_parser("profile", help="measure running engines; fit T_pre, T_dec, T_kv; write profile.json",
+                       description=__doc__)
+    p.add_argument("--decode-url", required=True, help="a decode engine (OpenAI API + /metrics): T_pre, T_dec and "
+                                                       "how it mixes a local prefill into decode steps")
+    p.add_argument("--prefill-url", help="a prefill engine with a KV connector to the decode engine: T_kv")
+    p.add_argument("--model", required=True, help="the engines' model: a catalog name (the shape of the KV cache "
+                                                  "and weights)")
+    p.add_argument("--gpu", required=True, help="the engines' GPU: a catalog name")
+    p.add_argument("--tp", type=positive_int, default=1, help="the engines' tensor-parallel degree (default 1)")
+    p.add_argument("--quick", action="store_true", help="a small grid, one repeat (about a minute on a CPU)")
+    p.add_argument("--repeats", type=positive_int, help="probes per grid point (default 3; 1 with --quick)")
+    p.add_argument("--seed", type=int, default=0, help="prompts and the held-out split (default 0)")
+    p.add_argument("--out", help="output folder (default out/profile)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_profile)

@@ -1,0 +1,1 @@
+"""``ampd profile``: measure engines and fit AMPD's cost model from them (docs/PROFILING.md)."""

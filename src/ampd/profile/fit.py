@@ -1,0 +1,184 @@
+"""Fitting AMPD's cost functions to measured points: breakpoints found from the data,
+error reported on points the fit never saw.
+
+- Repeats of one grid point are reduced to their median (robust to a stall on a
+  shared machine).
+- A seeded quarter of the grid points is held out; the model is fitted on the rest
+  and its mean absolute percentage error (MAPE) on the held-out ones is the figure a
+  profile reports. The saved model is that one (not refitted on everything), so the
+  reported error is the saved model's.
+- Breakpoints of the piecewise fit are chosen greedily among the measured sizes: each
+  step adds the one that lowers the cross-validated error (3 folds of the training
+  points) most, while it lowers it by at least 5 % and at most 3 are in
+  ([our choice]: the catalog's models have 3 to 5 kinks over a much wider range; a
+  profile grid of 8 to 10 sizes cannot support more without fitting noise).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from ampd.core.errors import InputError
+from ampd.perf.alphabeta import DecodeCost, PrefillCost, fit_decode, fit_prefill
+
+MAX_BREAKPOINTS = 3
+MIN_GAIN = 0.05
+HELD_OUT_SHARE = 0.25
+_FOLDS = 3
+
+Sample = tuple[int, int, float]
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """A fitted cost function and how well it predicts.
+
+    Attributes:
+        cost: the fitted function (``PrefillCost``, ``DecodeCost`` or ``KvLink``).
+        breakpoints: the segment boundaries chosen (empty for ``KvLink``).
+        train_mape, held_out_mape: mean absolute percentage error, as a fraction.
+        num_train, num_held_out: grid points (medians of repeats) on each side.
+        held_out: the held-out points (size, size, measured seconds).
+    """
+
+    cost: object
+    breakpoints: tuple[int, ...]
+    train_mape: float
+    held_out_mape: float
+    num_train: int
+    num_held_out: int
+    held_out: tuple[Sample, ...]
+
+    def report(self) -> dict:
+        """JSON-ready facts of the fit."""
+        return {"breakpoints": list(self.breakpoints), "train_mape": self.train_mape,
+                "held_out_mape": self.held_out_mape, "num_train": self.num_train,
+                "num_held_out": self.num_held_out}
+
+
+@dataclass(frozen=True, slots=True)
+class KvLink:
+    """``T_kv(bytes) = alpha_s + s_per_byte * bytes`` between two engines.
+
+    Raises:
+        InputError: a negative or non-finite coefficient.
+    """
+
+    alpha_s: float
+    s_per_byte: float
+
+    def __post_init__(self) -> None:
+        if not all(np.isfinite(c) and c >= 0 for c in (self.alpha_s, self.s_per_byte)):
+            raise InputError(f"KV link: alpha_s {self.alpha_s} and s_per_byte {self.s_per_byte} must be >= 0")
+
+    def __call__(self, num_bytes: float, _unused: float = 0.0) -> float:
+        """Seconds to move ``num_bytes``."""
+        return self.alpha_s + self.s_per_byte * num_bytes
+
+
+def medians(samples: Sequence[Sample]) -> list[Sample]:
+    """One sample per distinct ``(a, b)``: the median time of its repeats."""
+    groups: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for a, b, t in samples:
+        groups[(a, b)].append(t)
+    return [(a, b, statistics.median(ts)) for (a, b), ts in sorted(groups.items())]
+
+
+def split(points: Sequence[Sample], rng: np.random.Generator) -> tuple[list[Sample], list[Sample]]:
+    """``(train, held_out)``: a seeded ``HELD_OUT_SHARE`` of the points held out (at
+    least one when there are 4 or more)."""
+    order = rng.permutation(len(points))
+    num_held = int(len(points) * HELD_OUT_SHARE) if len(points) >= 4 else 0
+    held = {int(i) for i in order[:num_held]}
+    return ([p for i, p in enumerate(points) if i not in held], [p for i, p in enumerate(points) if i in held])
+
+
+def mape(cost: Callable[[int, int], float], points: Sequence[Sample]) -> float:
+    """Mean absolute percentage error of ``cost`` on ``points``, a fraction; NaN when
+    there are none."""
+    if not points:
+        return float("nan")
+    return float(np.mean([abs(cost(a, b) / t - 1) for a, b, t in points]))
+
+
+def fit_prefill_points(samples: Sequence[Sample], rng: np.random.Generator) -> FitResult:
+    """``T_pre`` fitted to ``(hist_tokens, new_tokens, seconds)`` samples, breakpoints
+    over new tokens.
+
+    Raises:
+        InputError: fewer than 3 distinct grid points, or non-positive times.
+    """
+    return _fit_piecewise(samples, rng, fit_prefill, size=lambda p: p[1])
+
+
+def fit_decode_points(samples: Sequence[Sample], rng: np.random.Generator) -> FitResult:
+    """``T_dec`` fitted to ``(batch_size, context_tokens, seconds)`` samples,
+    breakpoints over the batch size.
+
+    Raises:
+        InputError: fewer than 3 distinct grid points, or non-positive times.
+    """
+    return _fit_piecewise(samples, rng, fit_decode, size=lambda p: p[0])
+
+
+def fit_kv_points(samples: Sequence[Sample], rng: np.random.Generator) -> FitResult:
+    """``KvLink`` fitted to ``(bytes, 0, seconds)`` samples by non-negative least
+    squares on relative error.
+
+    Raises:
+        InputError: fewer than 2 distinct sizes, or non-positive times.
+    """
+    points = medians(samples)
+    if len({p[0] for p in points}) < 2 or any(not t > 0 for _, _, t in points):
+        raise InputError(f"KV transfer fit: needs 2 or more sizes with positive times, got {points}")
+    train, held = split(points, rng)
+    sizes = np.array([p[0] for p in train], dtype=float)
+    times = np.array([p[2] for p in train], dtype=float)
+    design = np.column_stack([np.ones_like(sizes), sizes]) / times[:, None]
+    scale = np.abs(design).max(axis=0)
+    coef, _ = nnls(design / scale, np.ones_like(times))
+    alpha_s, s_per_byte = (float(c) for c in coef / scale)
+    link = KvLink(alpha_s, s_per_byte)
+    return FitResult(link, (), mape(link, train), mape(link, held), len(train), len(held), tuple(held))
+
+
+def _fit_piecewise(samples: Sequence[Sample], rng: np.random.Generator,
+                   fit: Callable[[Sequence[Sample], Sequence[int]], PrefillCost | DecodeCost],
+                   size: Callable[[Sample], int]) -> FitResult:
+    points = medians(samples)
+    if len(points) < 3:
+        raise InputError(f"cost fit: needs 3 or more distinct grid points, got {len(points)}")
+    train, held = split(points, rng)
+    folds = [train[i::_FOLDS] for i in range(_FOLDS)]
+    candidates = sorted({size(p) for p in train})[1:-1]
+    chosen: tuple[int, ...] = ()
+    best = _cv_error(folds, fit, chosen)
+    while len(chosen) < MAX_BREAKPOINTS:
+        trials = [(_cv_error(folds, fit, tuple(sorted(chosen + (x,)))), x) for x in candidates if x not in chosen]
+        trials = [(err, x) for err, x in trials if np.isfinite(err)]
+        if not trials:
+            break
+        err, x = min(trials)
+        if err > best * (1 - MIN_GAIN):
+            break
+        chosen, best = tuple(sorted(chosen + (x,))), err
+    cost = fit(train, chosen)
+    return FitResult(cost, chosen, mape(cost, train), mape(cost, held), len(train), len(held), tuple(held))
+
+
+def _cv_error(folds: list[list[Sample]], fit: Callable, breakpoints: tuple[int, ...]) -> float:
+    """Mean held-out MAPE over the folds; inf when a fold leaves a segment empty."""
+    errors = []
+    for k, test in enumerate(folds):
+        train = [p for j, fold in enumerate(folds) if j != k for p in fold]
+        try:
+            errors.append(mape(fit(train, breakpoints), test))
+        except InputError:
+            return float("inf")
+    return float(np.mean(errors))

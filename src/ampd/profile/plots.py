@@ -1,0 +1,67 @@
+"""A profile's plots: every measured point against the fitted function, held-out
+points marked, one PNG per function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from ampd.profile.fit import FitResult, medians  # noqa: E402
+from ampd.profile.run import Measurements, decode_medians  # noqa: E402
+
+# One curve: (label, [(x, cost arguments, measured seconds)]).
+Curve = tuple[str, list[tuple[int, tuple[int, int], float]]]
+
+
+def plot_profile(points: Measurements, fits: dict[str, Any], title: str, out_dir: Path) -> list[Path]:
+    """``prefill.png``, ``decode.png`` and (when measured) ``kv.png`` in ``out_dir``:
+    times in ms on log axes, measured points as markers (hollow: held out of the fit),
+    the fit as a line through the same sizes. Returns the paths written."""
+    prefill: dict[int, list] = {}
+    for h, n, t in medians([(p.hist_tokens, p.new_tokens, p.time_s) for p in points.prefill]):
+        prefill.setdefault(h, []).append((n, (h, n), t))
+    decode: dict[int, list] = {}
+    for (b, prompt), (ctx, t) in decode_medians(points.decode).items():
+        decode.setdefault(prompt, []).append((b, (b, ctx), t))
+    paths = [
+        _plot([(f"history {h} tokens", pts) for h, pts in sorted(prefill.items())], fits["prefill"],
+              f"T_pre(history, new): {title}", "new tokens", out_dir / "prefill.png"),
+        _plot([(f"prompt {p} tokens per sequence", pts) for p, pts in sorted(decode.items())], fits["decode"],
+              f"T_dec(batch, context): {title}", "batch size (sequences)", out_dir / "decode.png"),
+    ]
+    if fits["kv"] is not None:
+        kv = [(n, (n, 0), t) for n, _, t in medians([(p.bytes, 0, p.time_s) for p in points.kv])]
+        paths.append(_plot([("prefill -> decode engine", kv)], fits["kv"], f"T_kv(bytes): {title}",
+                           "KV bytes moved", out_dir / "kv.png"))
+    return paths
+
+
+def _plot(curves: list[Curve], fit: FitResult, title: str, xlabel: str, path: Path) -> Path:
+    held = {(a, b) for a, b, _ in fit.held_out}
+    fig, ax = plt.subplots(figsize=(8.5, 4.5), layout="constrained")
+    for i, (label, pts) in enumerate(curves):
+        colour = f"C{i % 10}"
+        pts = sorted(pts)
+        ax.plot([x for x, _, _ in pts], [1000 * fit.cost(*args) for _, args, _ in pts], "-", color=colour,
+                label=label)
+        for x, args, t in pts:
+            ax.plot(x, 1000 * t, "o", color=colour, markerfacecolor="none" if args in held else colour, markersize=5)
+    ax.plot([], [], "-", color="grey", label="fitted")
+    ax.plot([], [], "o", color="grey", label="measured (median of repeats)")
+    ax.plot([], [], "o", color="grey", markerfacecolor="none", label="held out of the fit")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("time (ms)")
+    ax.set_title(f"{title}\nheld-out MAPE {100 * fit.held_out_mape:.1f} %, breakpoints {list(fit.breakpoints)}",
+                 fontsize=10)
+    fig.legend(loc="outside right upper", fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,83 @@
+"""``profile.json``: what a profile measured, the fit, the engines' fingerprint, and the
+performance model every other command loads from it (``--perf-model``).
+
+Layout (``"format": "ampd.profile/1"``):
+
+- ``fingerprint``: each engine's served model, engine and version, KV block size and
+  blocks, ``max_model_len``; the TP given; the KV connector seen; seed and grid;
+- ``points``: every measured point (``prefill``, ``decode``, ``kv``, ``mixed``);
+- ``fit_report``: per function, breakpoints, training and held-out MAPE, and what each
+  time was measured by (engine counters or the client's clock);
+- ``perf_model``: an ``ampd.perf.alphabeta/2`` object (docs/PERF_MODEL.md) with the
+  measured KV link, KV capacity, KV bytes per token and batching where measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ampd.perf.catalog import GpuSpec, ModelSpec
+from ampd.perf.topology import default_topology
+from ampd.profile.run import Measurements, ProfileGrid
+from ampd.sim.decode_worker import Batching
+
+FORMAT = "ampd.profile/1"
+PERF_FORMAT = "ampd.perf.alphabeta/2"
+
+MEASURED_BY = {
+    "prefill": "engine: vllm:request_prefill_time_seconds (one request at a time, history from the prefix cache "
+               "checked by usage.prompt_tokens_details.cached_tokens)",
+    "decode": "engine: vllm:inter_token_latency_seconds while exactly b requests ran (vllm:num_requests_running)",
+    "kv": "engine: vllm:nixl_xfer_time_seconds and vllm:nixl_bytes_transferred",
+    "batching": "client: token arrival times of the running streams (the engine reports no per-step time)",
+}
+
+
+def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: dict[str, Any], model: ModelSpec,
+                     gpu: GpuSpec, tp: int, grid: ProfileGrid, seed: int) -> dict[str, Any]:
+    """The JSON object of ``profile.json`` (see the module docstring)."""
+    decode_print = fingerprints["decode_engine"]
+    report = {name: fits[name].report() for name in ("prefill", "decode")}
+    if fits["kv"] is not None:
+        report["kv"] = fits["kv"].report()
+    report["batching"] = fits["batching"]
+    report["measured_by"] = MEASURED_BY
+    perf: dict[str, Any] = {
+        "format": PERF_FORMAT, "model": dataclasses.asdict(model), "gpu": dataclasses.asdict(gpu),
+        "topology": dataclasses.asdict(default_topology(gpu)),
+        "tps": {str(tp): {"prefill": fits["prefill"].cost.to_dict(), "decode": fits["decode"].cost.to_dict()}},
+        "fit_report": {"source": "ampd profile", "held_out_mape": {k: v["held_out_mape"] for k, v in report.items()
+                                                                   if isinstance(v, dict) and "held_out_mape" in v}},
+    }
+    blocks, block = decode_print.get("num_gpu_blocks"), decode_print.get("block_size_tokens")
+    if blocks and block:
+        perf["kv_capacity_tokens"] = {str(tp): blocks * block}
+    if fits["kv"] is not None:
+        perf["kv_transfer"] = dataclasses.asdict(fits["kv"].cost)
+        perf["kv_bytes_per_token"] = fits["kv_bytes_per_token"]
+    if fits["batching"]["mode"] != "unmeasured":
+        # A paused batch has no budget; the field is the decode worker's, unused by "alternate".
+        perf["batching"] = {"mode": fits["batching"]["mode"],
+                            "chunk_tokens": fits["batching"].get("chunk_tokens", Batching().chunk_tokens)}
+    return {
+        "format": FORMAT,
+        "fingerprint": {**fingerprints, "tp": tp, "connector": "nixl" if points.kv else None, "seed": seed,
+                        "grid": dataclasses.asdict(grid), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        "profiler_host": platform.node(), "profiler_machine": platform.machine()},
+        "points": points.to_dict(),
+        "fit_report": report,
+        "perf_model": perf,
+    }
+
+
+def write(document: dict[str, Any], path: str | Path) -> Path:
+    """Write ``document`` as JSON to ``path`` (its folder created); the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=1))
+    return out

@@ -1,0 +1,190 @@
+"""``ampd profile``: measure running engines on a grid, fit AMPD's cost model, write
+``profile.json`` and its plots.
+
+What runs where: ``T_pre``, ``T_dec`` and the mixed batch on the decode engine (a
+decode engine serves local prefills too, so it answers plain requests; a prefill
+engine behind a KV connector may not); ``T_kv`` from the prefill engine to the decode
+engine when a prefill engine is given. Probes run one at a time, never overlapping,
+so each engine-side reading belongs to one probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+from tqdm import tqdm
+
+from ampd.core.errors import InputError
+from ampd.profile.decode_probe import DecodePoint, MixedPoint, chunk_budget_tokens, measure_decode, measure_mixed
+from ampd.profile.engine import ProbedEngine, connect
+from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_prefill_points
+from ampd.profile.kv_probe import KvPoint, measure_kv
+from ampd.profile.prefill_probe import PrefillPoint, measure_prefill
+
+
+@dataclass(frozen=True)
+class ProfileGrid:
+    """What a profile measures ([our choice] defaults: a tiny model on 2 CPU cores
+    profiles in a few minutes; a GPU engine takes longer grids, see docs/PROFILING.md).
+
+    Sizes that do not fit the engine's ``max_model_len`` are dropped.
+
+    Attributes:
+        hist_tokens, new_tokens: the ``T_pre`` grid (every pair), tokens.
+        batch_sizes, decode_prompt_tokens: the ``T_dec`` grid (every pair).
+        decode_output_tokens: tokens each stream of a decode probe generates.
+        kv_tokens: prompt sizes of the ``T_kv`` probes, tokens.
+        mixed_batch_size, mixed_new_tokens: the mixed-batch probe: streams running,
+            and the local prefill that joins them, tokens.
+        repeats: probes per grid point (their median is fitted).
+        warmup: unmeasured probes first (first requests compile kernels, first
+            transfers make the NIXL handshake).
+    """
+
+    hist_tokens: tuple[int, ...] = (0, 256, 1024, 2048)
+    new_tokens: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    decode_prompt_tokens: tuple[int, ...] = (128, 512, 1024)
+    decode_output_tokens: int = 48
+    kv_tokens: tuple[int, ...] = (128, 256, 512, 1024, 2048)
+    mixed_batch_size: int = 4
+    mixed_new_tokens: int = 3072
+    repeats: int = 3
+    warmup: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("repeats", "decode_output_tokens", "mixed_batch_size", "mixed_new_tokens"):
+            if getattr(self, name) < 1:
+                raise InputError(f"profile grid: {name} must be >= 1, got {getattr(self, name)}")
+        if self.decode_output_tokens < 8:
+            raise InputError(f"profile grid: decode_output_tokens must be >= 8, got {self.decode_output_tokens}")
+
+
+@dataclass
+class Measurements:
+    """Every point a profile took (repeats included)."""
+
+    prefill: list[PrefillPoint] = dataclasses.field(default_factory=list)
+    decode: list[DecodePoint] = dataclasses.field(default_factory=list)
+    kv: list[KvPoint] = dataclasses.field(default_factory=list)
+    mixed: list[MixedPoint] = dataclasses.field(default_factory=list)
+
+    def to_dict(self) -> dict[str, list[dict]]:
+        return {name: [dataclasses.asdict(p) for p in getattr(self, name)]
+                for name in ("prefill", "decode", "kv", "mixed")}
+
+
+async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, seed: int,
+                  show_progress: bool = True) -> tuple[Measurements, dict[str, Any]]:
+    """Run every probe of ``grid``; the points and the engines' fingerprints.
+
+    Raises:
+        ProbeError: an engine failed a probe (the message names it and why).
+    """
+    rng = np.random.default_rng(seed)
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        decode, decode_print = await connect(decode_url, client, rng)
+        prefill, prefill_print = await connect(prefill_url, client, rng) if prefill_url else (None, None)
+        limit = int(decode_print.get("max_model_len") or 1 << 30)
+        plan = _plan(grid, limit, decode, prefill)
+        points = Measurements()
+        with tqdm(total=len(plan), desc="ampd profile", unit="probe", disable=not show_progress) as bar:
+            for kind, probe, record in plan:
+                bar.set_postfix_str(kind)
+                point = await probe()
+                if record:
+                    getattr(points, kind).append(point)
+                bar.update()
+    return points, {"decode_engine": decode_print, "prefill_engine": prefill_print}
+
+
+def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None) -> list:
+    """``(kind, probe, record)`` in run order: warm-ups (not recorded) first, then each
+    grid point ``repeats`` times, repeats of a point apart so a slow spell of the
+    machine does not hit all of them."""
+    def pre(h: int, n: int):
+        return lambda: measure_prefill(decode, h, n)
+
+    def dec(b: int, p: int):
+        return lambda: measure_decode(decode, b, p, grid.decode_output_tokens)
+
+    def kv(t: int):
+        return lambda: measure_kv(prefill, decode, t)
+
+    prefill_grid = [(h, n) for h in grid.hist_tokens for n in grid.new_tokens if h + n + 1 <= limit]
+    decode_grid = [(b, p) for b in grid.batch_sizes for p in grid.decode_prompt_tokens
+                   if p + grid.decode_output_tokens <= limit]
+    kv_grid = [t for t in grid.kv_tokens if t + 1 <= limit] if prefill else []
+    if not prefill_grid or not decode_grid:
+        raise InputError(f"profile grid: nothing fits the engine's max_model_len {limit}")
+    plan = [("prefill", pre(*prefill_grid[-1]), False) for _ in range(grid.warmup)]
+    plan += [("decode", dec(*decode_grid[0]), False) for _ in range(grid.warmup)]
+    plan += [("kv", kv(kv_grid[0]), False) for _ in range(grid.warmup if kv_grid else 0)]
+    for _ in range(grid.repeats):
+        plan += [("prefill", pre(h, n), True) for h, n in prefill_grid]
+        plan += [("decode", dec(b, p), True) for b, p in decode_grid]
+        plan += [("kv", kv(t), True) for t in kv_grid]
+    mixed_prompt = min(grid.decode_prompt_tokens)
+    mixed_new = min(grid.mixed_new_tokens, limit - 1)
+    mixed_output = max(4 * grid.decode_output_tokens, 64)
+    if mixed_prompt + mixed_output <= limit:
+        plan.append(("mixed", lambda: measure_mixed(decode, grid.mixed_batch_size, mixed_prompt, mixed_output,
+                                                    mixed_new), True))
+    return plan
+
+
+def fit(points: Measurements, seed: int) -> dict[str, Any]:
+    """Fits of every function measured, with their reports and the engine's batching.
+
+    Returns:
+        ``{"prefill": FitResult, "decode": FitResult, "kv": FitResult | None,
+        "kv_bytes_per_token": int | None, "batching": dict}``.
+
+    Raises:
+        InputError: too few points to fit a function.
+    """
+    rng = np.random.default_rng(seed)
+    prefill = fit_prefill_points([(p.hist_tokens, p.new_tokens, p.time_s) for p in points.prefill], rng)
+    decode = fit_decode_points([(b, ctx, t) for (b, _), (ctx, t) in decode_medians(points.decode).items()], rng)
+    kv = fit_kv_points([(p.bytes, 0, p.time_s) for p in points.kv], rng) if points.kv else None
+    bytes_per_token = round(statistics.median(p.bytes / p.tokens for p in points.kv)) if points.kv else None
+    return {"prefill": prefill, "decode": decode, "kv": kv, "kv_bytes_per_token": bytes_per_token,
+            "batching": batching(points.mixed)}
+
+
+def decode_medians(points: list[DecodePoint]) -> dict[tuple[int, int], tuple[int, float]]:
+    """``(context_tokens, step_s)`` per grid point ``(batch_size, prompt_tokens)``:
+    medians over its repeats (whose contexts differ by the few tokens a window holds)."""
+    groups: dict[tuple[int, int], list[DecodePoint]] = {}
+    for p in points:
+        groups.setdefault((p.batch_size, p.prompt_tokens), []).append(p)
+    return {key: (round(statistics.median(p.context_tokens for p in ps)), statistics.median(p.step_s for p in ps))
+            for key, ps in sorted(groups.items())}
+
+
+def batching(mixed: list[MixedPoint]) -> dict[str, Any]:
+    """How the engine mixes a local prefill with decode steps, from the mixed probe:
+    ``chunked`` with the budget implied when the prefill spread over several steps,
+    ``alternate`` (the batch pauses for the whole prefill) when it took one, and
+    ``unmeasured`` without a probe."""
+    if not mixed:
+        return {"mode": "unmeasured"}
+    point = mixed[-1]
+    budget = chunk_budget_tokens(point)
+    seen = {"source": "client token times of the running streams", **dataclasses.asdict(point)}
+    if budget is None:
+        return {"mode": "alternate", **seen}
+    return {"mode": "chunked", "chunk_tokens": budget, **seen}
+
+
+def run(decode_url: str, prefill_url: str | None, grid: ProfileGrid, seed: int,
+        show_progress: bool = True) -> tuple[Measurements, dict[str, Any], dict[str, Any]]:
+    """``measure`` then ``fit``: ``(points, fingerprints, fits)``."""
+    points, fingerprints = asyncio.run(measure(decode_url, prefill_url, grid, seed, show_progress))
+    return points, fingerprints, fit(points, seed)

@@ -1,0 +1,119 @@
+"""Reading an engine's Prometheus ``/metrics``: snapshots and the deltas between two.
+
+A profile's engine-side timings are differences of vLLM's histogram sums and counts
+taken around one probe (``vllm:request_prefill_time_seconds``,
+``vllm:inter_token_latency_seconds``, ``vllm:nixl_xfer_time_seconds``): the engine's
+own clock, free of HTTP and client scheduling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from ampd.core.errors import AmpdError
+
+PREFILL_TIME = "vllm:request_prefill_time_seconds"
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+KV_XFER_TIME = "vllm:nixl_xfer_time_seconds"
+KV_BYTES = "vllm:nixl_bytes_transferred"
+NUM_RUNNING = "vllm:num_requests_running"
+CACHE_CONFIG = "vllm:cache_config_info"
+
+
+class ProbeError(AmpdError, RuntimeError):
+    """An engine did not answer a probe as expected (the message names the engine and
+    what was missing)."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One scrape of ``url``'s ``/metrics``.
+
+    Attributes:
+        values: every sample's value summed over label sets, by sample name
+            (``<histogram>_sum``, ``<histogram>_count``, gauges, counters).
+        labels: the label set of each ``*_info`` gauge, by metric name.
+    """
+
+    url: str
+    values: dict[str, float]
+    labels: dict[str, dict[str, str]]
+
+    def value(self, name: str) -> float:
+        """A sample's value; 0 for a histogram the engine has not created yet (vLLM
+        creates the NIXL ones at the first transfer)."""
+        return self.values.get(name, 0.0)
+
+
+async def scrape(client: httpx.AsyncClient, url: str) -> Snapshot:
+    """``GET url/metrics``, parsed.
+
+    Raises:
+        ProbeError: the engine is unreachable or answers with an error.
+    """
+    try:
+        reply = await client.get(f"{url}/metrics")
+        reply.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise ProbeError(f"{url}/metrics: {exc}") from None
+    values: dict[str, float] = {}
+    labels: dict[str, dict[str, str]] = {}
+    for family in text_string_to_metric_families(reply.text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + sample.value
+            if sample.name.endswith("_info"):
+                labels[sample.name] = dict(sample.labels)
+    return Snapshot(url, values, labels)
+
+
+@dataclass(frozen=True)
+class HistogramDelta:
+    """Observations a histogram gained between two snapshots."""
+
+    sum: float
+    count: float
+
+    @property
+    def mean(self) -> float:
+        """Mean of the new observations; NaN when there are none."""
+        return self.sum / self.count if self.count else float("nan")
+
+
+def delta(before: Snapshot, after: Snapshot, histogram: str) -> HistogramDelta:
+    """What ``histogram`` gained from ``before`` to ``after``."""
+    return HistogramDelta(after.value(f"{histogram}_sum") - before.value(f"{histogram}_sum"),
+                          after.value(f"{histogram}_count") - before.value(f"{histogram}_count"))
+
+
+async def settled(client: httpx.AsyncClient, before: Snapshot | list[Snapshot], histogram: str, count: int,
+                  timeout_s: float) -> Snapshot | list[Snapshot]:
+    """Scrape until ``histogram`` has gained ``count`` observations since ``before``
+    (over all engines when ``before`` is a list; then returns a list too).
+
+    vLLM records a finished request's timings in the output loop, which may run just
+    after the HTTP reply is out; polling waits for them rather than guessing a delay.
+
+    Raises:
+        ProbeError: more than ``count`` observations (another client is using the
+            engine), or fewer after ``timeout_s`` seconds.
+    """
+    befores = before if isinstance(before, list) else [before]
+    urls = ", ".join(b.url for b in befores)
+    loop = asyncio.get_running_loop()
+    deadline_s = loop.time() + timeout_s
+    while True:
+        afters = [await scrape(client, b.url) for b in befores]
+        gained = sum(delta(b, a, histogram).count for b, a in zip(befores, afters))
+        if gained == count:
+            return afters if isinstance(before, list) else afters[0]
+        if gained > count:
+            raise ProbeError(f"{urls}: {histogram} gained {gained:g} observations, expected {count}: "
+                             "another client is using the engine; profile an engine nobody else uses")
+        if loop.time() > deadline_s:
+            raise ProbeError(f"{urls}: {histogram} gained {gained:g} of {count} observations in "
+                             f"{timeout_s:g} s: the engine does not report it")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,160 @@
+"""``ampd profile`` on mock engines whose cost model is known: the profiler must give it
+back. The truth is the mock's own performance model (the simulator's catalog model);
+each fitted function is compared with it on sizes the profile never probed."""
+
+import contextlib
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import uvicorn
+
+from ampd.cli.main import main
+from ampd.cli.profile import QUICK_GRID
+from ampd.core.deployment import Role, WorkerSpec
+from ampd.core.errors import InputError
+from ampd.profile.decode_probe import MixedPoint, chunk_budget_tokens
+from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, split
+from ampd.profile.run import ProfileGrid, run
+from ampd.serve.mock_engine import EngineOptions, create_app
+
+MOCK = dict(model="Llama-3.1-8B", gpu="H100-SXM", time_scale=0.2)
+GRID = ProfileGrid(repeats=1, warmup=1)
+# Sizes between and beyond the probe grid's (within its range).
+CHECK_PREFILL = [(h, n) for h in (0, 300, 1500) for n in (20, 100, 700, 1800)]
+CHECK_DECODE = [(b, b * per_seq) for b in (1, 3, 6, 12) for per_seq in (200, 800)]
+CHECK_KV_TOKENS = (100, 700, 1500)
+
+
+@contextlib.contextmanager
+def _serve(app):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.005)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(5)
+        sock.close()
+
+
+@contextlib.contextmanager
+def _mock_pair(batching: str = "alternate", chunk_tokens: int = 2048):
+    prefill = create_app(EngineOptions(Role.PREFILL, 0, 1, **MOCK))
+    decode = create_app(EngineOptions(Role.DECODE, 1, 1, batching=batching, chunk_tokens=chunk_tokens, **MOCK))
+    with _serve(prefill) as p, _serve(decode) as d:
+        yield p, d, decode.state.engine.perf
+
+
+@pytest.fixture(scope="module")
+def alternate_profile():
+    with _mock_pair() as (p, d, perf):
+        yield run(d, p, GRID, seed=0, show_progress=False), perf
+
+
+def _truth_mape(fitted, truth, args) -> float:
+    return float(np.mean([abs(fitted(*a) / truth(*a) - 1) for a in args]))
+
+
+def test_the_profile_recovers_the_mocks_cost_model_within_5_percent(alternate_profile):
+    (points, prints, fits), perf = alternate_profile
+    prefill = _truth_mape(fits["prefill"].cost, lambda h, n: perf.prefill_s(h, n, 1), CHECK_PREFILL)
+    decode = _truth_mape(fits["decode"].cost, lambda b, c: perf.decode_step_s(b, c, 1), CHECK_DECODE)
+    src, dst = WorkerSpec(0, Role.PREFILL, 1, 0), WorkerSpec(1, Role.DECODE, 1, 0)
+    kv = _truth_mape(fits["kv"].cost, lambda t, _: perf.kv_transfer_s(t, src, dst),
+                     [(t * perf.kv_bytes_per_token, 0) for t in CHECK_KV_TOKENS])
+    assert prefill < 0.05 and decode < 0.05 and kv < 0.05, (prefill, decode, kv)
+    assert fits["kv_bytes_per_token"] == perf.kv_bytes_per_token
+    # The mock's prefix hits are exact: every probe's history came from the cache.
+    assert {p.hist_tokens for p in points.prefill} == set(GRID.hist_tokens)
+    assert prints["decode_engine"]["engine"] == "ampd-mock"
+    assert prints["decode_engine"]["num_gpu_blocks"] == perf.kv_capacity_tokens(1)
+
+
+def test_a_decode_engine_that_pauses_for_a_local_prefill_is_told_apart_from_one_that_chunks(alternate_profile):
+    (_, _, fits), _ = alternate_profile
+    assert fits["batching"]["mode"] == "alternate"
+    assert fits["batching"]["num_inflated_gaps"] == 1
+    grid = ProfileGrid(hist_tokens=(0,), new_tokens=(64, 256, 1024), batch_sizes=(1, 2, 4), decode_prompt_tokens=(128,),
+                       kv_tokens=(), repeats=1, warmup=0)
+    with _mock_pair("chunked", 512) as (_, d, _):
+        _, _, chunked = run(d, None, grid, seed=1, show_progress=False)
+    # 3072 tokens joining 4 streams under a 512-token budget: chunks of 508, so 6 full
+    # chunks and a 24-token tail whose step is barely longer than a plain one; the
+    # budget implied by 6 chunks is ceil(3072 / 6) + 4 = 516.
+    assert chunked["batching"]["mode"] == "chunked"
+    assert chunked["batching"]["num_inflated_gaps"] == 6
+    assert chunked["batching"]["chunk_tokens"] == 516
+    assert chunked["kv"] is None
+
+
+def test_chunk_budget_is_the_smallest_consistent_with_the_chunks_seen():
+    assert chunk_budget_tokens(MixedPoint(4, 3072, 0.01, 6, 0.05)) == 516
+    assert chunk_budget_tokens(MixedPoint(8, 1000, 0.01, 3, 0.05)) == 334 + 8
+    assert chunk_budget_tokens(MixedPoint(4, 3072, 0.01, 1, 0.5)) is None
+
+
+def test_breakpoints_are_found_where_the_slope_changes():
+    # 2 ms + 0.01 ms per token up to 512 tokens, then 0.04 ms per extra token: the kink
+    # a chunked prefill makes when a second chunk starts.
+    def t_s(n):
+        return 0.002 + 1e-5 * min(n, 512) + 4e-5 * max(0, n - 512)
+    sizes = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+    samples = [(0, n, t_s(n)) for n in sizes for _ in range(2)]
+    fit = fit_prefill_points(samples, np.random.default_rng(0))
+    assert 512 in fit.breakpoints
+    assert fit.held_out_mape < 1e-3 and fit.num_held_out == len(sizes) // 4
+
+
+def test_repeats_reduce_to_their_median_and_a_quarter_is_held_out():
+    samples = [(0, 8, 1.0), (0, 8, 9.0), (0, 8, 2.0), (1, 8, 3.0)]
+    assert medians(samples) == [(0, 8, 2.0), (1, 8, 3.0)]
+    train, held = split([(i, 0, 1.0) for i in range(8)], np.random.default_rng(0))
+    assert len(held) == 2 and len(train) == 6 and not set(train) & set(held)
+    assert mape(lambda a, b: 1.1, [(0, 0, 1.0), (1, 0, 1.0)]) == pytest.approx(0.1)
+
+
+def test_a_kv_link_fits_latency_plus_bytes_over_bandwidth():
+    # 50 us + 1 byte per ns (1 GB/s): exact on every size.
+    samples = [(b, 0, 50e-6 + b * 1e-9) for b in (1e5, 1e6, 4e6, 1e7, 5e7)]
+    fit = fit_kv_points(samples, np.random.default_rng(0))
+    assert fit.cost.alpha_s == pytest.approx(50e-6, rel=1e-6)
+    assert fit.cost.s_per_byte == pytest.approx(1e-9, rel=1e-6)
+    with pytest.raises(InputError, match="2 or more sizes"):
+        fit_kv_points([(1e6, 0, 1.0)], np.random.default_rng(0))
+
+
+def test_ampd_profile_writes_a_profile_and_its_plots(tmp_path, capsys):
+    with _mock_pair() as (p, d, perf):
+        code = main(["profile", "--decode-url", d, "--prefill-url", p, "--model", "Llama-3.1-8B", "--gpu", "H100-SXM",
+                     "--quick", "--quiet", "--out", str(tmp_path)])
+    assert code == 0
+    doc = json.loads((tmp_path / "profile.json").read_text())
+    assert doc["format"] == "ampd.profile/1"
+    assert doc["perf_model"]["format"] == "ampd.perf.alphabeta/2"
+    assert doc["perf_model"]["kv_capacity_tokens"] == {"1": perf.kv_capacity_tokens(1)}
+    assert doc["perf_model"]["batching"]["mode"] == "alternate"
+    assert len(doc["points"]["prefill"]) == len(QUICK_GRID.hist_tokens) * len(QUICK_GRID.new_tokens)
+    assert {"prefill", "decode", "kv"} <= set(doc["fit_report"])
+    assert all((tmp_path / f"{name}.png").stat().st_size > 0 for name in ("prefill", "decode", "kv"))
+    assert "held-out MAPE" in capsys.readouterr().out
+
+
+def test_an_engine_that_is_not_there_is_named(tmp_path, capsys):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    code = main(["profile", "--decode-url", url, "--model", "Llama-3.1-8B", "--gpu", "H100-SXM", "--quiet",
+                 "--out", str(tmp_path)])
+    assert code == 2
+    assert url in capsys.readouterr().err
