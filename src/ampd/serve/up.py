@@ -24,6 +24,7 @@ import httpx
 from ampd.config import EngineWorker, RunConfig, override
 from ampd.core.deployment import Deployment, Role, WorkerSpec
 from ampd.core.errors import InputError
+from ampd.experiment import batching_for, perf_model_for
 from ampd.metrics.report import write_json
 from ampd.planning import resolve_deployment
 from ampd.serve.redis_proc import redis_command, wait_for_redis
@@ -207,6 +208,11 @@ class LocalCluster:
                     str(cluster.network_gb_per_s)]
             if cluster.nvlink_gb_per_s is not None:
                 argv += ["--nvlink-gb-per-s", str(cluster.nvlink_gb_per_s)]
+            if spec.role is Role.DECODE:
+                # The emulated decode engine batches local prefills as the simulator's
+                # decode workers of this configuration do, and as the router estimates.
+                batching = batching_for(self.config, perf_model_for(self.config))
+                argv += ["--batching", batching.mode, "--chunk-tokens", str(batching.chunk_tokens)]
             child = self._spawn(name, argv, url)
         else:
             from ampd.serve import vllm_launch  # only real-engine clusters need it
