@@ -28,3 +28,15 @@ class StubPerf:
 
     def kv_capacity_tokens(self, tp: int) -> int:
         return self.capacity_tokens
+
+
+class AlphaBetaStub(StubPerf):
+    """Round-number alpha-beta costs, so a chunked step's parts can be told apart:
+    prefill 10 ms + 1 ms per new token + 0.1 ms per history token; decode step
+    20 ms + 2 ms per sequence (context free); KV as ``StubPerf``."""
+
+    def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
+        return 0.01 + 0.001 * new_tokens + 0.0001 * hist_tokens
+
+    def decode_step_s(self, batch_size: int, context_tokens: int, tp: int) -> float:
+        return 0.02 + 0.002 * batch_size

@@ -22,7 +22,7 @@ from ampd.core.names import unknown_name
 from ampd.metrics.slo import SloScope
 from ampd.perf import catalog
 from ampd.perf.perf_file import load_perf_model
-from ampd.policy.systems import Knobs, get_system
+from ampd.policy.systems import DECODE_BATCHING_SETTINGS, Knobs, get_system
 from ampd.workload import BUILTIN_TRACES, FORMATS, WORKLOADS
 
 BUILTIN_PREFIX = "builtin:"
@@ -77,6 +77,10 @@ class ClusterConfig(_Strict):
     network_gb_per_s: float = Field(200.0, gt=0, description="between servers (AMPD.md section 4: InfiniBand 200 GB/s)")
     nvlink_gb_per_s: float | None = Field(None, gt=0, description="per GPU, both directions; None: the GPU's "
                                                                   "datasheet figure (H20: 900 GB/s)")
+    decode_batching: Literal[DECODE_BATCHING_SETTINGS] = Field("auto", description=(
+        "how disaggregated decode workers' engine runs a local prefill: alternate (the batch pauses for it, AMPD "
+        "as published), chunked (in chunks of policy.chunk_tokens mixed into decode steps, vLLM V1), auto (what "
+        "the performance model measured, else alternate); colocated systems keep their own"))
 
     @model_validator(mode="before")
     @classmethod
@@ -128,7 +132,8 @@ class PolicyConfig(_Strict):
     reorder_window: int = Field(3, ge=1, le=7)
     window_s: float = Field(10.0, gt=0)
     chunk_tokens: int = Field(2048, ge=1, description="token budget of a chunked-prefill step (vllm-chunked, "
-                                                      "continuum); vLLM's default max_num_batched_tokens for serving")
+                                                      "continuum, cluster.decode_batching = chunked); vLLM's "
+                                                      "default max_num_batched_tokens for serving")
     pin_ttl_s: float = Field(10.0, ge=0, description="how long continuum pins a session's KV after a round")
     # Dynamo's conditional disaggregation (dynamo-length, dynamo-busy, dynamo-conditional;
     # ThresholdRouter). Defaults: AMPD.md section 5's description of Dynamo's rules.

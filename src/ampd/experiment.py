@@ -30,9 +30,9 @@ from ampd.perf import build_perf_model, catalog, load_perf_model
 from ampd.perf.interface import PerfModel
 from ampd.perf.topology import default_topology
 from ampd.policy.routing import SloThresholds
-from ampd.policy.systems import System, get_system
+from ampd.policy.batching import Batching
+from ampd.policy.systems import Knobs, System, decode_batching, get_system
 from ampd.sim.cluster import SimCluster, SimResult, WorkerOptions
-from ampd.sim.decode_worker import Batching
 from ampd.slo_rule import derive_slo, reference_tp
 from ampd.workload import (
     arrival_rate_per_s, builtin_trace, cycled, load_any, poisson_arrivals, poisson_until, repeated, sampled,
@@ -111,6 +111,22 @@ def require_tp(perf: PerfModel, tp: int, where: str) -> None:
     if tp not in perf.tps:
         raise InputError(f"{where}: TP={tp} has no cost functions in the performance model; it has "
                          f"TP={', '.join(map(str, perf.tps))} (profile the engine at TP={tp}, or use those)")
+
+
+def batching_for(config: RunConfig, perf: PerfModel) -> Batching:
+    """How the run's decode workers batch local prefills: ``cluster.decode_batching``
+    resolved for the system and ``perf`` (``ampd.policy.systems.decode_batching``),
+    with ``policy.chunk_tokens`` per chunked step unless the perf model measured
+    the engine's own budget."""
+    return decode_batching(get_system(config.system), config.cluster.decode_batching, config.policy.chunk_tokens,
+                           perf)
+
+
+def knobs_for(config: RunConfig, perf: PerfModel) -> Knobs:
+    """The system's constants (``PolicyConfig.knobs``) with the decode engines'
+    batching (``batching_for``), so the router estimates a local prefill as the
+    decode workers run it."""
+    return dataclasses.replace(config.policy.knobs(), batching=batching_for(config, perf))
 
 
 def _rngs(config: RunConfig) -> tuple[np.random.Generator, np.random.Generator]:
@@ -316,9 +332,9 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     sessions = sessions if sessions is not None else sessions_for(config, plan)
     slo = slo_for(config, perf)
     p = config.policy
-    knobs = p.knobs()
+    knobs = knobs_for(config, perf)
     router = system.make_router(perf, slo, knobs, random.Random(config.seed))
-    options = WorkerOptions(p.window_s, Batching(system.batching, p.chunk_tokens), system.kv_retention, p.pin_ttl_s)
+    options = WorkerOptions(p.window_s, knobs.batching, system.kv_retention, p.pin_ttl_s)
     cluster = SimCluster(specs, perf, router, system.make_queue_policy(slo, knobs), options)
     scope = config.slo.scope
     if plan is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ampd.config import RunConfig, override
 from ampd.core.deployment import Deployment, ReplicaGroup, Role
 from ampd.core.session import Session
-from ampd.experiment import measure_for, perf_model_for, sessions_for, slo_for
+from ampd.experiment import batching_for, measure_for, perf_model_for, sessions_for, slo_for
 from ampd.perf.interface import PerfModel
 from ampd.planner import AMPD_LOCAL_SHARE, Plan, plan_deployments
 from ampd.policy.routing import SloThresholds
@@ -42,8 +42,9 @@ def planner_inputs(config: RunConfig) -> tuple[list[Session], PerfModel, SloThre
 def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None,
              solver: str = "scip") -> list[Plan]:
     """The planner's top-k deployments for a run configuration: its sessions, model,
-    GPU, cluster size, thresholds (missing ones derived as for a run) and SLO scope;
-    ``local_share`` defaults to ``default_local_share(config.system)``.
+    GPU, cluster size, thresholds (missing ones derived as for a run), SLO scope and
+    decode engines' batching (``batching_for``); ``local_share`` defaults to
+    ``default_local_share(config.system)``.
 
     Raises:
         InputError: as ``ampd.planner.plan_deployments``, or an unknown model, GPU or system.
@@ -52,7 +53,7 @@ def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None
     c = config.cluster
     sessions, perf, slo, window_s = planner_inputs(config)
     return plan_deployments(sessions, perf, slo, c.num_gpus, c.gpus_per_server, top_k, share, solver,
-                            config.slo.scope.value, window_s)
+                            config.slo.scope.value, window_s, batching_for(config, perf))
 
 
 def colocated_default(config: RunConfig) -> Deployment:

@@ -11,6 +11,7 @@ from pathlib import Path
 from ampd.config import RunConfig, SweepConfig, load_config, override, with_perf_model
 from ampd.core.errors import InputError
 from ampd.metrics.slo import SloScope
+from ampd.policy.systems import DECODE_BATCHING_SETTINGS
 
 
 def positive_int(text: str) -> int:
@@ -45,6 +46,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                                                         "perf_model, model and gpu (docs/CONFIG.md)")
     p.add_argument("--gpus", type=int, help="GPUs in the cluster")
     p.add_argument("--deployment", help="e.g. 'P:<TP=2,DP=2> D:<TP=4,DP=1>', or auto (default: the planner's)")
+    p.add_argument("--decode-batching", choices=DECODE_BATCHING_SETTINGS,
+                   help="how disaggregated decode workers run a local prefill: alternate (pause the batch), "
+                        "chunked (mixed into decode steps), auto (default: the perf model's measurement, else "
+                        "alternate)")
     p.add_argument("--num-sessions", type=int, help="run exactly this many sessions: a transient, not a steady "
                                                     "state (default: a steady-state run, see --window-s)")
     p.add_argument("--warmup-s", type=float, help="steady-state run: seconds of arrivals before the measurement "
@@ -101,7 +106,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[RunConfig, SweepConfig |
     if args.perf_model is not None:
         config = with_perf_model(config, args.perf_model)
     changes = {
-        "cluster": _pick(model=args.model, gpu=args.gpu, num_gpus=args.gpus, deployment=args.deployment),
+        "cluster": _pick(model=args.model, gpu=args.gpu, num_gpus=args.gpus, deployment=args.deployment,
+                         decode_batching=args.decode_batching),
         "slo": _pick(ttft_s=args.ttft_slo_s, itl_s=args.itl_slo_s, scope=args.scope),
         "policy": _pick(alpha=args.alpha, beta=args.beta, reorder_window=args.reorder_window),
         "workload": _pick(num_sessions=args.num_sessions, arrivals=args.arrivals, seed=args.seed,

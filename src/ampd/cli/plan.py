@@ -16,7 +16,7 @@ from scipy.stats import spearmanr
 from ampd.cli.options import add_run_options, config_from_args, output_dir
 from ampd.cli.tables import attainment_text, print_table
 from ampd.config import RunConfig, override
-from ampd.experiment import rate_for
+from ampd.experiment import batching_for, rate_for
 from ampd.measure import STABLE
 from ampd.metrics.report import write_json
 from ampd.planner import AMPD_LOCAL_SHARE, SOLVERS, Plan, enumerate_plans, estimate_tau
@@ -44,7 +44,7 @@ def simulation_pool(config: RunConfig, plans: Sequence[Plan], sample: int, local
     c = config.cluster
     sessions, perf, slo, window_s = planner_inputs(config)
     table = estimate_tau(sessions, perf, slo, c.num_gpus, c.gpus_per_server, local_share, config.slo.scope.value,
-                         window_s=window_s)
+                         window_s=window_s, batching=batching_for(config, perf))
     chosen = {str(p.deployment) for p in plans}
     others = [p for p in enumerate_plans(table) if str(p.deployment) not in chosen]
     extra = random.Random(config.seed).sample(others, min(sample, len(others)))

@@ -46,6 +46,10 @@ class WorkerView:
             the session's history KV from the decode worker; False when the
             engine recomputes the history instead (vLLM's prefill servers,
             docs/SERVING.md): the cost model then charges that recompute.
+        batch_size: sequences decoding on this (decode) worker, those about to
+            join its next step included; 0 when unknown (the coordinator does
+            not read it from the engines).
+        context_tokens: KV tokens those sequences hold.
     """
 
     spec: WorkerSpec
@@ -56,6 +60,8 @@ class WorkerView:
     kv_capacity_tokens: int = 0
     kv_used_tokens: int = 0
     reads_history: bool = True
+    batch_size: int = 0
+    context_tokens: int = 0
 
     @property
     def worker_id(self) -> int:

@@ -5,10 +5,15 @@ sessions, local prefills included, and the KV it must hold (AMPD.md section 2,
 The model, per replica (the binder spreads sessions evenly, so each of the k replicas
 gets 1/k of everything):
 
-- local prefills arrive at ``local_share x prefills per second / k`` and occupy the
-  replica a share ``u`` of the time (their mean ``T_pre(n)``); the simulator runs at
-  most one between two decode steps, so a token gap holds one decode step and, with
-  probability ``p = local rate x mean gap``, one local prefill;
+- local prefills arrive at ``local_share x prefills per second / k`` and take from the
+  decode steps a share ``u`` of the time (their mean delay); how much, and how many
+  token gaps each touches, is what the decode engine's batching makes of them
+  (``ampd.policy.batching.local_prefill``, the estimate the router uses): a pause
+  (``alternate``) delays one gap by ``T_pre(n)``, the simulator running at most one
+  between two decode steps; chunks (``chunked``) lengthen each of their mixed steps
+  by the chunk's prefill beyond a one-token step, on the batch the replica holds. A
+  token gap holds one decode step and, with probability ``p = local rate x mean gap
+  x gaps per prefill``, a local prefill's addition;
 - the mean gap solves ``gap = T_dec(1 + o) / (1 - u)`` with ``o = others(gap) / k``, the
   other sequences a token shares its step with when every token takes ``gap``
   (``decode_load``); the smallest fixed point is the steady state, and none below the
@@ -28,13 +33,16 @@ gets 1/k of everything):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from scipy.stats import binom
 
 from ampd.core.deployment import Role
 from ampd.perf.interface import PerfModel
+from ampd.policy.batching import Batching, local_prefill
 from ampd.planner.cells import TauCell
 from ampd.planner.stream import NominalStream
 from ampd.planner.timeline import weighted_quantile
@@ -47,48 +55,92 @@ _BISECTIONS = 40
 
 
 @dataclasses.dataclass(frozen=True)
+class _LocalStats:
+    """The local prefills of the stream on a replica's batch (``local_prefill``).
+
+    Attributes:
+        delay_s: seconds one adds to the decode steps, mean over prefills (math.inf
+            when the batch leaves chunks no room).
+        added_s: quantiles (``_PREFILL_LEVELS``) of what one adds to a token gap it
+            touches, over the gaps touched, seconds.
+        gaps: token gaps of a running sequence one touches, mean over prefills.
+    """
+
+    delay_s: float
+    added_s: np.ndarray
+    gaps: float
+
+
+@dataclasses.dataclass(frozen=True)
 class _Replica:
-    """What every cell of one degree shares."""
+    """What every cell of one degree shares; ``local`` gives the local prefills'
+    stats on a batch of that many sequences."""
 
     perf: PerfModel
     tp: int
     stream: NominalStream
-    prefill_s: np.ndarray  # quantiles of T_pre(tp) over the stream's tasks, shape (_PREFILL_LEVELS,)
-    mean_prefill_s: float
+    local: Callable[[int], _LocalStats]
     capacity_tokens: int
 
 
 def decode_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, itl_slo_s: float,
-                 scope: str) -> list[TauCell]:
+                 scope: str, batching: Batching = Batching()) -> list[TauCell]:
     """tau_dec(tp, k) for k = 1..``max_dp`` (module docstring).
 
     Local prefills are spread evenly over the stream, so their sizes follow the
-    stream's; their times are taken at ``tp``, the decode replica's degree.
+    stream's; their times are taken at ``tp``, the decode replica's degree, as
+    ``batching`` runs them. A pause does not depend on the batch: every task of
+    the stream counts. Chunks do: [our choice] the tasks at the ``_PREFILL_LEVELS``
+    quantiles of ``T_pre`` stand for the stream, so each batch a cell's fixed point
+    visits costs 50 estimates, not one per task.
     """
-    times_s = [perf.prefill_s(h, x, tp) for h, x in zip(stream.hist_tokens.tolist(), stream.new_tokens.tolist())]
+    tasks = list(zip(stream.hist_tokens.tolist(), stream.new_tokens.tolist()))
     levels = (np.arange(_PREFILL_LEVELS) + 0.5) / _PREFILL_LEVELS
-    replica = _Replica(perf, tp, stream, np.quantile(times_s, levels), float(np.mean(times_s)),
-                       perf.kv_capacity_tokens(tp))
+    if batching.chunked:
+        by_time = np.argsort([perf.prefill_s(h, x, tp) for h, x in tasks], kind="stable")
+        tasks = [tasks[i] for i in by_time[(levels * len(tasks)).astype(int)]]
+    context_tokens = stream.decode.mean_context_tokens
+
+    @functools.lru_cache(maxsize=None)
+    def local_at(batch: int) -> _LocalStats:
+        runs = [local_prefill(perf, tp, batching, h, x, batch, round(batch * context_tokens)) for h, x in tasks]
+        added = [a for run in runs for a in run.added_s]
+        if not added:
+            return _LocalStats(math.inf, np.zeros(levels.size), 0.0)
+        return _LocalStats(float(np.mean([run.delay_s for run in runs])), np.quantile(added, levels),
+                           float(np.mean([len(run.added_s) for run in runs])))
+
+    local = local_at if batching.chunked else (lambda batch, paused=local_at(1): paused)
+    replica = _Replica(perf, tp, stream, local, perf.kv_capacity_tokens(tp))
     return [_cell(replica, dp, itl_slo_s, scope) for dp in range(1, max_dp + 1)]
 
 
 def _cell(r: _Replica, dp: int, itl_slo_s: float, scope: str) -> TauCell:
     overloaded = TauCell(Role.DECODE, r.tp, dp, None, itl_slo_s, 0, r.capacity_tokens)
     local_per_s = r.stream.prefills_per_s * r.stream.local_share / dp
-    local_busy = local_per_s * r.mean_prefill_s
-    if local_busy >= 1.0:
-        return dataclasses.replace(overloaded, reason=f"local prefills alone need {local_busy:.2f} x the replica")
+
+    def local_busy(others: float) -> float:
+        """Share of the time local prefills take from the decode steps of a batch of
+        ``1 + others`` sequences."""
+        return local_per_s * r.local(max(1, round(1.0 + others))).delay_s
+
+    if math.isinf(local_busy(0.0)):
+        return dataclasses.replace(overloaded, reason="the chunk budget leaves local prefills no room beside the batch")
+    if local_busy(0.0) >= 1.0:
+        return dataclasses.replace(overloaded, reason=f"local prefills alone need {local_busy(0.0):.2f} x the replica")
     others = _others(r, dp, local_busy)
     if others is None:
         return dataclasses.replace(overloaded, reason="decode work outgrows any batch the KV capacity allows")
-    gap_s = _step_s(r, 1.0 + others) / (1.0 - local_busy)
-    interrupted = local_per_s * gap_s
+    busy = local_busy(others)
+    local = r.local(max(1, round(1.0 + others)))
+    gap_s = _step_s(r, 1.0 + others) / (1.0 - busy)
+    interrupted = local_per_s * gap_s * local.gaps
     if interrupted >= 1.0:
         return dataclasses.replace(overloaded, reason="local prefills arrive faster than decode steps")
     if scope == "strict":
-        p95_s = _itl_p95_s(r, dp, gap_s, interrupted)
+        p95_s = _itl_p95_s(r, dp, gap_s, interrupted, local.added_s)
     else:
-        p95_s = _step_s(r, 1.0 + r.stream.decode.session_others_p95_at(gap_s) / dp) / (1.0 - local_busy)
+        p95_s = _step_s(r, 1.0 + r.stream.decode.session_others_p95_at(gap_s) / dp) / (1.0 - busy)
     return dataclasses.replace(overloaded, p95_s=p95_s,
                                kv_tokens=math.ceil(r.stream.decode.kv_p95_tokens_at(gap_s) / dp))
 
@@ -104,13 +156,17 @@ def _step_s(r: _Replica, batch: float) -> float:
     return at_low + frac * (r.perf.decode_step_s(low + 1, round((low + 1) * context), r.tp) - at_low)
 
 
-def _others(r: _Replica, dp: int, local_busy: float) -> float | None:
-    """Smallest o >= 0 with ``others(T_dec(1 + o) / (1 - u)) / k <= o``; None when there
-    is none below the batch the KV capacity holds."""
+def _others(r: _Replica, dp: int, local_busy: Callable[[float], float]) -> float | None:
+    """Smallest o >= 0 with ``others(T_dec(1 + o) / (1 - u(o))) / k <= o``, u(o) being
+    ``local_busy`` at o; None when there is none below the batch the KV capacity
+    holds (a batch whose local prefills take all the time has none)."""
     load = r.stream.decode
 
     def excess(o: float) -> float:
-        return load.others_at(_step_s(r, 1.0 + o) / (1.0 - local_busy)) / dp - o
+        busy = local_busy(o)
+        if busy >= 1.0:
+            return math.inf
+        return load.others_at(_step_s(r, 1.0 + o) / (1.0 - busy)) / dp - o
 
     limit = r.capacity_tokens / max(load.mean_context_tokens, 1.0) - 1.0
     if excess(0.0) <= 0.0:
@@ -126,14 +182,15 @@ def _others(r: _Replica, dp: int, local_busy: float) -> float | None:
     return high
 
 
-def _itl_p95_s(r: _Replica, dp: int, gap_s: float, interrupted: float) -> float:
+def _itl_p95_s(r: _Replica, dp: int, gap_s: float, interrupted: float, added_s: np.ndarray) -> float:
     """P95 of a token gap: one decode step at the batch the token sees (module
-    docstring), plus one local prefill with probability ``interrupted``."""
+    docstring), plus, with probability ``interrupted``, what a local prefill adds
+    to a gap (``added_s``, its quantiles)."""
     cluster = np.rint(r.stream.decode.others_quantiles_at(gap_s))
     mine = binom.ppf(_THINNING_LEVELS[:, None], cluster[None, :], 1.0 / dp).ravel()
     batches, counts = np.unique(mine, return_counts=True)
     steps_s = np.array([_step_s(r, 1.0 + b) for b in batches])
-    with_prefill_s = (steps_s[:, None] + r.prefill_s[None, :]).ravel()
+    with_prefill_s = (steps_s[:, None] + added_s[None, :]).ravel()
     weights = np.concatenate([(1.0 - interrupted) * counts / counts.sum(),
-                              interrupted * np.repeat(counts / counts.sum(), r.prefill_s.size) / r.prefill_s.size])
+                              interrupted * np.repeat(counts / counts.sum(), added_s.size) / added_s.size])
     return weighted_quantile(np.concatenate([steps_s, with_prefill_s]), weights, 0.95)

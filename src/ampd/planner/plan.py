@@ -9,6 +9,7 @@ from ampd.core.deployment import Role
 from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.perf.interface import PerfModel
+from ampd.policy.batching import Batching
 from ampd.planner.cells import TauCell
 from ampd.planner.ilp import SOLVERS, top_plans
 from ampd.planner.plans import Plan
@@ -19,7 +20,7 @@ from ampd.policy.routing import SloThresholds
 def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, num_gpus: int,
                      gpus_per_server: int = 8, top_k: int = 3, local_share: float = AMPD_LOCAL_SHARE,
                      solver: str = "scip", scope: str = "mean",
-                     window_s: tuple[float, float] | None = None) -> list[Plan]:
+                     window_s: tuple[float, float] | None = None, batching: Batching = Batching()) -> list[Plan]:
     """The ``top_k`` best deployments of ``num_gpus`` GPUs for ``sessions``, best first.
 
     Each plan runs k prefill replicas of one degree and k' decode replicas of one
@@ -42,6 +43,8 @@ def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThres
             TTFT and ITL) or ``strict`` (rounds' TTFT and tokens' ITL, the paper's).
         window_s: the measurement window of a steady-state stream of sessions (the load
             is read in it, the P95s are over its sessions); None: the whole stream.
+        batching: how the decode replicas' engine runs a local prefill (a pause, the
+            paper's default, or chunks mixed into decode steps).
 
     Raises:
         InputError: ``top_k`` < 1, an unknown solver or scope; the model fits at no degree; too
@@ -53,7 +56,8 @@ def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThres
         raise InputError(f"top_k must be >= 1, got {top_k}")
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; known: {', '.join(SOLVERS)}")
-    table = estimate_tau(sessions, perf, slo, num_gpus, gpus_per_server, local_share, scope, window_s=window_s)
+    table = estimate_tau(sessions, perf, slo, num_gpus, gpus_per_server, local_share, scope, window_s=window_s,
+                         batching=batching)
     plans = top_plans(table, top_k, solver)
     if not plans:
         raise InputError(why_infeasible(table))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.perf.interface import PerfModel
+from ampd.policy.batching import Batching
 from ampd.planner.cells import TauCell
 from ampd.planner.decode_tau import decode_cells
 from ampd.planner.prefill_tau import prefill_cells
@@ -86,7 +87,8 @@ def usable_degrees(perf: PerfModel, num_gpus: int, gpus_per_server: int,
 
 def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, num_gpus: int,
                  gpus_per_server: int = 8, local_share: float = AMPD_LOCAL_SHARE, scope: str = "mean",
-                 degrees: Sequence[int] = DEGREES, window_s: tuple[float, float] | None = None) -> TauTable:
+                 degrees: Sequence[int] = DEGREES, window_s: tuple[float, float] | None = None,
+                 batching: Batching = Batching()) -> TauTable:
     """tau_pre(n, k) (``prefill_tau``) and tau_dec(n, k) (``decode_tau``) over the nominal
     stream of ``sessions`` (``stream``), for every usable degree n and every k with
     ``n k`` plus one smallest replica of the other role within ``num_gpus``.
@@ -100,6 +102,8 @@ def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThreshold
         scope: one of ``SCOPES``; plan in the scope attainment will be judged in.
         window_s: a steady-state stream's measurement window (``stream.build_stream``);
             None: the whole stream.
+        batching: how the decode replicas' engine runs a local prefill (``decode_tau``);
+            default the paper's pause.
 
     Raises:
         InputError: as ``usable_degrees`` and ``stream.build_stream``; an unknown scope.
@@ -113,5 +117,5 @@ def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThreshold
     for n in usable:
         max_dp = (num_gpus - usable[0]) // n
         prefill += prefill_cells(stream, perf, n, max_dp, slo.ttft_s, cross_server, scope)
-        decode += decode_cells(stream, perf, n, max_dp, slo.itl_s, scope)
+        decode += decode_cells(stream, perf, n, max_dp, slo.itl_s, scope, batching)
     return TauTable(tuple(prefill), tuple(decode), slo, num_gpus, gpus_per_server, local_share, scope, usable)

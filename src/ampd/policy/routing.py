@@ -10,6 +10,7 @@ from typing import Protocol
 from ampd.core.task import PrefillTask
 from ampd.core.view import ClusterView, WorkerView
 from ampd.perf.interface import PerfModel
+from ampd.policy.batching import Batching, local_prefill
 from ampd.policy.decisions import RouteDecision
 
 
@@ -53,11 +54,24 @@ def remote_estimate_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView
     return prefill.queue_drain_s + remote_prefill_s(task, decode, prefill, perf)
 
 
-def local_estimate_s(task: PrefillTask, decode: WorkerView, perf: PerfModel) -> float:
+def local_estimate_s(task: PrefillTask, decode: WorkerView, perf: PerfModel,
+                     batching: Batching = Batching()) -> float:
     """``t_local`` of Algorithm 1: the task plus every prefill already queued on
-    the decode worker (the paper's formula leaves out the decode step in flight)."""
-    own = perf.prefill_s(task.hist_tokens, task.new_tokens, decode.spec.tp)
-    return own + sum(q.cost_s for q in decode.queue)
+    the decode worker (the paper's formula leaves out the decode step in flight).
+
+    Each prefill takes what ``batching`` makes of it on the worker's batch
+    (``ampd.policy.batching.local_prefill``): ``T_pre`` alone when the engine
+    pauses the batch (the paper's formula, queued tasks at their ``cost_s``); the
+    sum of its mixed steps when it prefills in chunks, queued tasks included."""
+    tp = decode.spec.tp
+
+    def ttft_s(t: PrefillTask) -> float:
+        return local_prefill(perf, tp, batching, t.hist_tokens, t.new_tokens, decode.batch_size,
+                             decode.context_tokens).ttft_s
+
+    if batching.chunked:
+        return ttft_s(task) + sum(ttft_s(q.task) for q in decode.queue)
+    return ttft_s(task) + sum(q.cost_s for q in decode.queue)
 
 
 class AdaptiveRouter:
@@ -77,12 +91,14 @@ class AdaptiveRouter:
         slo: the thresholds.
         rng: seeded generator for the visiting order (avoids herding).
         alpha, beta: slack factors, paper defaults 0.9 and 0.85.
+        batching: how the decode workers' engine runs a local prefill
+            (``t_local``, ``local_estimate_s``); default the paper's pause.
     """
 
     def __init__(self, perf: PerfModel, slo: SloThresholds, rng: random.Random,
-                 alpha: float = 0.9, beta: float = 0.85) -> None:
+                 alpha: float = 0.9, beta: float = 0.85, batching: Batching = Batching()) -> None:
         self.perf, self.slo, self.rng = perf, slo, rng
-        self.alpha, self.beta = alpha, beta
+        self.alpha, self.beta, self.batching = alpha, beta, batching
 
     def route(self, task: PrefillTask, view: ClusterView, now_s: float) -> RouteDecision:
         decode = view.worker(task.decode_worker)
@@ -102,7 +118,7 @@ class AdaptiveRouter:
         return self._by_estimate(task, decode, prefills)
 
     def _by_estimate(self, task: PrefillTask, decode: WorkerView, prefills: list[WorkerView]) -> RouteDecision:
-        options = [(decode.worker_id, local_estimate_s(task, decode, self.perf))]
+        options = [(decode.worker_id, local_estimate_s(task, decode, self.perf, self.batching))]
         options += [(w.worker_id, remote_estimate_s(task, decode, w, self.perf)) for w in prefills]
         worker_id, best_s = min(options, key=lambda o: o[1])
         return RouteDecision(task.session_id, task.round_index, worker_id, worker_id == decode.worker_id,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ampd.core.errors import InputError
 from ampd.core.names import unknown_name
 from ampd.perf.interface import PerfModel
+from ampd.policy.batching import Batching, measured_batching
 from ampd.policy.reorder import Fcfs, QueuePolicy, ReturningFirst, TtftAwareReorder
 from ampd.policy.routing import (
     AdaptiveRouter, AlwaysLocalRouter, AlwaysRemoteRouter, PredictiveRouter, Router, SloThresholds,
@@ -19,8 +20,10 @@ from ampd.policy.routing import (
 @dataclass(frozen=True)
 class Knobs:
     """The systems' constants: AMPD's hyper-parameters (paper defaults: alpha 0.9,
-    beta 0.85, w 3) and Dynamo's conditional-disaggregation thresholds
-    (``ThresholdRouter``: 2048 tokens, 0.7 of the prompt, 2 waiting tasks)."""
+    beta 0.85, w 3), Dynamo's conditional-disaggregation thresholds
+    (``ThresholdRouter``: 2048 tokens, 0.7 of the prompt, 2 waiting tasks) and the
+    decode engines' batching the adaptive routers estimate ``t_local`` under
+    (``decode_batching``; default the paper's pause)."""
 
     alpha: float = 0.9
     beta: float = 0.85
@@ -28,6 +31,7 @@ class Knobs:
     dynamo_max_local_prefill_tokens: int = 2048
     dynamo_max_uncached_ratio: float = 0.7
     dynamo_busy_queue_tasks: int = 2
+    batching: Batching = Batching()
 
 
 @dataclass(frozen=True)
@@ -60,11 +64,11 @@ class System:
 
 
 def _adaptive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
-    return AdaptiveRouter(perf, slo, rng, knobs.alpha, knobs.beta)
+    return AdaptiveRouter(perf, slo, rng, knobs.alpha, knobs.beta, knobs.batching)
 
 
 def _predictive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
-    return PredictiveRouter(perf, slo, rng, knobs.alpha, knobs.beta)
+    return PredictiveRouter(perf, slo, rng, knobs.alpha, knobs.beta, knobs.batching)
 
 
 def _threshold(length_rule: bool, busy_rule: bool) -> Callable[[PerfModel, SloThresholds, Knobs, random.Random],
@@ -113,6 +117,34 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            _local, lambda slo, knobs: ReturningFirst(), needs_prefill_workers=False, colocated=True,
            batching="chunked", kv_retention="pinned"),
 )}
+
+
+DECODE_BATCHING_SETTINGS = ("auto", "alternate", "chunked")
+"""Values of ``[cluster] decode_batching`` (docs/CONFIG.md, "Engine batching")."""
+
+
+def decode_batching(system: System, setting: str, chunk_tokens: int, perf: PerfModel) -> Batching:
+    """How ``system``'s decode workers batch a local prefill with their decode steps.
+
+    A colocated system's name fixes it (``vllm`` pauses for every waiting prefill,
+    ``vllm-chunked`` and ``continuum`` chunk). A disaggregated system's decode
+    workers run the engine ``setting`` names, with ``chunk_tokens`` per step;
+    ``auto`` [our choice] is what the performance model measured on the real
+    engine (``measured_batching``: its mode and token budget) when it has a
+    measurement, else the system's own (AMPD as published: ``alternate``), since
+    which one an engine does is a measurement, not a choice (issue 11).
+
+    Raises:
+        ValueError: a setting outside ``DECODE_BATCHING_SETTINGS``; a measured
+            batching ``Batching`` refuses.
+    """
+    if setting not in DECODE_BATCHING_SETTINGS:
+        raise ValueError(f"unknown decode batching {setting!r}; known: {', '.join(DECODE_BATCHING_SETTINGS)}")
+    if system.colocated:
+        return Batching(system.batching, chunk_tokens)
+    if setting == "auto":
+        return measured_batching(perf) or Batching(system.batching, chunk_tokens)
+    return Batching(setting, chunk_tokens)
 
 
 def get_system(name: str) -> System:

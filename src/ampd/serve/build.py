@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from ampd.config import RunConfig
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
-from ampd.experiment import perf_model_for, require_tp, slo_for
+from ampd.experiment import knobs_for, perf_model_for, require_tp, slo_for
 from ampd.policy.routing import SloThresholds
 from ampd.policy.systems import get_system
 from ampd.serve.app import create_app
@@ -79,7 +79,7 @@ def build_coordinator(config: RunConfig, replica_id: str = "") -> Coordinator:
     system = get_system(config.system)
     perf = perf_model_for(config)
     slo = serve_slo(config)
-    knobs = config.policy.knobs()
+    knobs = knobs_for(config, perf)
     # Each replica draws its own visiting order (Algorithm 1 step 1), so replicas do not herd.
     rng = random.Random(config.seed * 1_000_003 + zlib.crc32(replica_id.encode()))
     options = CoordinatorOptions(replica_id, serve.served_model or config.cluster.model, serve.kv_timeout_s,

@@ -59,11 +59,12 @@ from ampd.core.task import PrefillTask
 from ampd.experiment import perf_model_for, require_tp
 from ampd.metrics.records import ItlSeries
 from ampd.perf.interface import PerfModel
+from ampd.policy.batching import BATCHING_MODES, Batching
 from ampd.policy.reorder import Fcfs
 from ampd.serve.clock import ScaledClock
 from ampd.serve.mock_metrics import MockEngineMetrics
 from ampd.serve.wallclock_loop import WallClockLoop
-from ampd.sim.decode_worker import BATCHING_MODES, Batching, SimDecodeWorker
+from ampd.sim.decode_worker import SimDecodeWorker
 from ampd.sim.kv_cache import RETENTION_POLICIES, SessionKvCache
 from ampd.sim.prefill_worker import SimPrefillWorker
 

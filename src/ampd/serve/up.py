@@ -24,7 +24,7 @@ import httpx
 from ampd.config import EngineWorker, RunConfig, override
 from ampd.core.deployment import Deployment, Role, WorkerSpec
 from ampd.core.errors import InputError
-from ampd.experiment import perf_model_for, require_tp
+from ampd.experiment import batching_for, perf_model_for, require_tp
 from ampd.metrics.report import write_json
 from ampd.planning import resolve_deployment
 from ampd.serve.redis_proc import redis_command, wait_for_redis
@@ -214,6 +214,11 @@ class LocalCluster:
                 argv += ["--nvlink-gb-per-s", str(cluster.nvlink_gb_per_s)]
             if cluster.perf_model is not None:
                 argv += ["--perf-model", cluster.perf_model]
+            if spec.role is Role.DECODE:
+                # The emulated decode engine batches local prefills as the simulator's
+                # decode workers of this configuration do, and as the router estimates.
+                batching = batching_for(self.config, perf_model_for(self.config))
+                argv += ["--batching", batching.mode, "--chunk-tokens", str(batching.chunk_tokens)]
             child = self._spawn(name, argv, url)
         else:
             from ampd.serve import vllm_launch  # only real-engine clusters need it

@@ -15,11 +15,12 @@ from ampd.core.task import PrefillTask
 from ampd.core.view import ClusterView
 from ampd.metrics.records import ItlSeries, RoundRecord, SessionRecord
 from ampd.perf.interface import PerfModel
+from ampd.policy.batching import Batching
 from ampd.policy.binding import MostFreeKvBinder
 from ampd.policy.decisions import BindDecision, RouteDecision
 from ampd.policy.reorder import QueuePolicy
 from ampd.policy.routing import Router
-from ampd.sim.decode_worker import Batching, SimDecodeWorker
+from ampd.sim.decode_worker import SimDecodeWorker
 from ampd.sim.kv_cache import SessionKvCache
 from ampd.sim.limits import RunLimits
 from ampd.sim.engine import EventLoop

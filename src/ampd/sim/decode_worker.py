@@ -13,40 +13,12 @@ from ampd.core.task import PrefillTask
 from ampd.core.view import QueuedTask, WorkerView
 from ampd.metrics.records import RecordedItls, StepItls, StepLog
 from ampd.perf.interface import PerfModel
-from ampd.perf.measured import BATCHING_MODES
+from ampd.policy.batching import Batching, mixed_step_s
 from ampd.policy.reorder import QueuePolicy, apply_order
 from ampd.policy.window import SlidingWindowMean
 from ampd.sim.engine import EventLoop
 from ampd.sim.kv_cache import SessionKvCache
 from ampd.sim.sink import RoundSink
-
-
-@dataclass(frozen=True, slots=True)
-class Batching:
-    """How a decode worker mixes local prefills with decode steps.
-
-    - ``alternate`` (AMPD's decode workers, [our choice]: the paper only says a
-      local prefill interrupts the batch): at most one local prefill between two
-      decode steps, so a long local queue cannot starve the batch;
-    - ``prefill-first`` (vLLM V0): every waiting prefill runs before the next
-      decode step;
-    - ``chunked`` (vLLM V1 chunked prefill): each step decodes one token of every
-      running sequence and prefills up to ``chunk_tokens`` minus the batch size
-      tokens of the head prefill task.
-
-    Raises:
-        ValueError: unknown mode, or a chunk budget below 1.
-    """
-
-    mode: str = "alternate"
-    chunk_tokens: int = 2048
-
-    def __post_init__(self) -> None:
-        if self.mode not in BATCHING_MODES:
-            raise ValueError(f"unknown batching {self.mode!r}; known: {', '.join(BATCHING_MODES)}")
-        if self.chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
-
 
 @dataclass(slots=True)
 class _Sequence:
@@ -75,10 +47,9 @@ class SimDecodeWorker:
 
     A prefill that runs alone pauses the batch: every running sequence's next token
     is delayed by exactly its time. A sequence whose first token arrives during a
-    step joins at the next step. A chunked step that carries ``c`` prefill tokens
-    costs ``T_pre(done, c) + T_dec(b, ctx) - T_dec(1, 0)``: the prefill chunk plus
-    what the decode batch adds beyond a one-token step, the weights being read
-    once. [our choice]
+    step joins at the next step. A chunked step costs
+    ``ampd.policy.batching.mixed_step_s``, the formula the router and the planner
+    estimate a local prefill with.
 
     ``on_step``, when given, hears the (session id, round index) of every
     sequence that got a token at the end of each step (the mock engine streams
@@ -142,8 +113,13 @@ class SimDecodeWorker:
     def view(self, now_s: float) -> WorkerView:
         """Snapshot for the policies."""
         busy_s = max(0.0, self._busy_until_s - now_s) if self._busy_until_s is not None else 0.0
-        return WorkerView(self.spec, tuple(self.queue), busy_s, None, self.itl_window.mean(now_s),
-                          self.kv.capacity_tokens, self.kv.used_tokens(now_s))
+        # The task being chunked is still before its first token: it stays in the
+        # queue the policies see, as in the coordinator's view of an engine.
+        queue = (self._chunking.head, *self.queue) if self._chunking else tuple(self.queue)
+        batch_size, context_tokens = self._batch()
+        return WorkerView(self.spec, queue, busy_s, None, self.itl_window.mean(now_s),
+                          self.kv.capacity_tokens, self.kv.used_tokens(now_s), batch_size=batch_size,
+                          context_tokens=context_tokens)
 
     def _kick(self) -> None:
         if self._busy_until_s is not None:
@@ -190,13 +166,18 @@ class SimDecodeWorker:
             self._context_tokens += seq.context_tokens
         self._step_joiners, self._joining = self._joining, []
 
-    def _decode_s(self) -> float:
-        """One decode step of the batch as it will be once the joining sequences are in."""
+    def _batch(self) -> tuple[int, int]:
+        """Size and KV context tokens of the batch as it will be once the joining
+        sequences are in."""
         batch, context = self._batch_size, self._context_tokens
         if self._joining:
             batch += len(self._joining)
             context += sum(s.context_tokens for s in self._joining)
-        return self.perf.decode_step_s(batch, context, self.spec.tp)
+        return batch, context
+
+    def _decode_s(self) -> float:
+        """One decode step of the batch as it will be once the joining sequences are in."""
+        return self.perf.decode_step_s(*self._batch(), self.spec.tp)
 
     def _start_step(self, step_s: float, chunk: int = 0) -> None:
         self._admit_joining()
@@ -207,19 +188,16 @@ class SimDecodeWorker:
     def _start_mixed_step(self) -> None:
         if self._chunking is None and self.queue:
             self._chunking = _Chunking(self._dequeue())
-        decoding = self.batch_size > 0
-        chunk, step_s = self._chunk_tokens(self.batch_size), self._decode_s() if decoding else 0.0
+        batch, context = self._batch()
+        chunk = 0
+        if self._chunking is not None:
+            task, done = self._chunking.head.task, self._chunking.done_tokens
+            chunk = self.batching.chunk(task.new_tokens - done, batch)
         if chunk:
-            task = self._chunking.head.task
-            prefill_s = self.perf.prefill_s(task.hist_tokens + self._chunking.done_tokens, chunk, self.spec.tp)
-            step_s = prefill_s + (step_s - self.perf.decode_step_s(1, 0, self.spec.tp) if decoding else 0.0)
+            step_s = mixed_step_s(self.perf, self.spec.tp, task.hist_tokens + done, chunk, batch, context)
+        else:
+            step_s = self.perf.decode_step_s(batch, context, self.spec.tp)
         self._start_step(step_s, chunk)
-
-    def _chunk_tokens(self, batch_size: int) -> int:
-        if self._chunking is None:
-            return 0
-        left = self._chunking.head.task.new_tokens - self._chunking.done_tokens
-        return max(0, min(left, self.batching.chunk_tokens - batch_size))
 
     def _end_step(self, batch_size: int, chunk: int) -> None:
         """Every sequence of the step has one more token; state is settled before
