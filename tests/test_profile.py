@@ -16,12 +16,15 @@ from ampd.cli.main import main
 from ampd.cli.profile import QUICK_GRID
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
+from ampd.perf.perf_file import load_perf_model
 from ampd.profile.decode_probe import MixedPoint, chunk_budget_tokens
 from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, split
 from ampd.profile.run import ProfileGrid, run
 from ampd.serve.mock_engine import EngineOptions, create_app
 
-MOCK = dict(model="Llama-3.1-8B", gpu="H100-SXM", time_scale=0.2)
+# [our choice] Half speed: a 48-token decode probe lasts about half a wall second, long
+# enough that a client slowed by a loaded machine still reads its window mid-stream.
+MOCK = dict(model="Llama-3.1-8B", gpu="H100-SXM", time_scale=0.5)
 GRID = ProfileGrid(repeats=1, warmup=1)
 # Sizes between and beyond the probe grid's (within its range).
 CHECK_PREFILL = [(h, n) for h in (0, 300, 1500) for n in (20, 100, 700, 1800)]
@@ -70,7 +73,7 @@ def test_the_profile_recovers_the_mocks_cost_model_within_5_percent(alternate_pr
     prefill = _truth_mape(fits["prefill"].cost, lambda h, n: perf.prefill_s(h, n, 1), CHECK_PREFILL)
     decode = _truth_mape(fits["decode"].cost, lambda b, c: perf.decode_step_s(b, c, 1), CHECK_DECODE)
     src, dst = WorkerSpec(0, Role.PREFILL, 1, 0), WorkerSpec(1, Role.DECODE, 1, 0)
-    kv = _truth_mape(fits["kv"].cost, lambda t, _: perf.kv_transfer_s(t, src, dst),
+    kv = _truth_mape(fits["kv"].cost, lambda b, _: perf.kv_transfer_s(b // perf.kv_bytes_per_token, src, dst),
                      [(t * perf.kv_bytes_per_token, 0) for t in CHECK_KV_TOKENS])
     assert prefill < 0.05 and decode < 0.05 and kv < 0.05, (prefill, decode, kv)
     assert fits["kv_bytes_per_token"] == perf.kv_bytes_per_token
@@ -86,21 +89,25 @@ def test_a_decode_engine_that_pauses_for_a_local_prefill_is_told_apart_from_one_
     assert fits["batching"]["num_inflated_gaps"] == 1
     grid = ProfileGrid(hist_tokens=(0,), new_tokens=(64, 256, 1024), batch_sizes=(1, 2, 4), decode_prompt_tokens=(128,),
                        kv_tokens=(), repeats=1, warmup=0)
-    with _mock_pair("chunked", 512) as (_, d, _):
+    # Slowed to 2 wall s per model s: a chunk's extra ~40 ms of wall time stands well
+    # above the jitter of a busy machine.
+    decode = create_app(EngineOptions(Role.DECODE, 1, 1, batching="chunked", chunk_tokens=512,
+                                      **{**MOCK, "time_scale": 2.0}))
+    with _serve(decode) as d:
         _, _, chunked = run(d, None, grid, seed=1, show_progress=False)
     # 3072 tokens joining 4 streams under a 512-token budget: chunks of 508, so 6 full
-    # chunks and a 24-token tail whose step is barely longer than a plain one; the
-    # budget implied by 6 chunks is ceil(3072 / 6) + 4 = 516.
+    # chunks and a 24-token tail (its step costs 60 % of a full one's extra: the
+    # prefill's start-up cost); the budget implied by 6 full chunks is 3072 // 6 + 4.
     assert chunked["batching"]["mode"] == "chunked"
-    assert chunked["batching"]["num_inflated_gaps"] == 6
+    assert chunked["batching"]["num_full_chunk_gaps"] == 6
     assert chunked["batching"]["chunk_tokens"] == 516
     assert chunked["kv"] is None
 
 
-def test_chunk_budget_is_the_smallest_consistent_with_the_chunks_seen():
-    assert chunk_budget_tokens(MixedPoint(4, 3072, 0.01, 6, 0.05)) == 516
-    assert chunk_budget_tokens(MixedPoint(8, 1000, 0.01, 3, 0.05)) == 334 + 8
-    assert chunk_budget_tokens(MixedPoint(4, 3072, 0.01, 1, 0.5)) is None
+def test_chunk_budget_is_the_prefill_over_its_full_chunks_plus_the_batch():
+    assert chunk_budget_tokens(MixedPoint(4, 3072, 0.01, 7, 6, 0.05)) == 3072 // 6 + 4
+    assert chunk_budget_tokens(MixedPoint(8, 1000, 0.01, 3, 3, 0.05)) == 333 + 8
+    assert chunk_budget_tokens(MixedPoint(4, 3072, 0.01, 1, 1, 0.5)) is None
 
 
 def test_breakpoints_are_found_where_the_slope_changes():
@@ -146,6 +153,11 @@ def test_ampd_profile_writes_a_profile_and_its_plots(tmp_path, capsys):
     assert len(doc["points"]["prefill"]) == len(QUICK_GRID.hist_tokens) * len(QUICK_GRID.new_tokens)
     assert {"prefill", "decode", "kv"} <= set(doc["fit_report"])
     assert all((tmp_path / f"{name}.png").stat().st_size > 0 for name in ("prefill", "decode", "kv"))
+    # Every other command reads the profile as a performance model (--perf-model).
+    loaded = load_perf_model(tmp_path / "profile.json")
+    assert loaded.tps == (1,) and loaded.kv_capacity_tokens(1) == perf.kv_capacity_tokens(1)
+    assert loaded.kv_bytes_per_token == perf.kv_bytes_per_token
+    assert loaded.batching.mode == "alternate"
     assert "held-out MAPE" in capsys.readouterr().out
 
 

@@ -4,8 +4,10 @@ inflated by a local prefill joining the same engine (how it mixes them).
 Steady batch: the ``b`` prompts are warmed first (so their own prefills are a token
 each and the streams join within a step or two), then streamed together with
 ``ignore_eos``. The engine's ``vllm:inter_token_latency_seconds`` is read between two
-scrapes: the first once every stream has its second token, the second while all
-still run (the first stream past half its tokens). Every token in between was produced by a
+scrapes: the first once every stream has its second token, the second once the first
+stream has ``window_tokens`` more, long before any stream ends (streams run to
+``output_tokens``, several times the window, so a client or scrape slowed by a busy
+machine still closes the window while all run). Every token in between was produced by a
 step of exactly ``b`` sequences, so the mean inter-token latency is the step time. The
 batch's context is the prompts plus the tokens generated, averaged over the window.
 
@@ -29,8 +31,16 @@ from ampd.profile.scrape import INTER_TOKEN_LATENCY, NUM_RUNNING, ProbeError, de
 # [our choice] A gap carries a share of the prefill when its excess over the median gap
 # is at least a quarter of the largest excess: chunks of one prefill inflate their steps
 # alike (all but a short last chunk), while scheduling jitter of a busy client or engine
-# adds a small fraction of one chunk.
+# adds a small fraction of one chunk. A gap of a full chunk has at least three quarters
+# of the largest excess: the short last chunk of a mock Llama-3.1-8B on H100 (24 of 508
+# tokens) still costs 60 % of a full one, the prefill's start-up cost being large.
 _SHARE_OF_LARGEST = 0.25
+_FULL_CHUNK_SHARE = 0.75
+
+
+class WindowMissed(ProbeError):
+    """A decode probe's window did not see exactly its batch running (worth one more
+    try: a client slowed by the machine reads its streams late)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +73,8 @@ class MixedPoint:
         num_inflated_gaps: gaps of one stream, while the prefill ran, whose excess over
             ``plain_gap_s`` is at least a quarter of the largest (the most over the
             streams).
+        num_full_chunk_gaps: those with at least three quarters of the largest excess
+            (a short last chunk left out).
         max_gap_s: the largest gap while the prefill ran, client clock, seconds.
     """
 
@@ -70,6 +82,7 @@ class MixedPoint:
     new_tokens: int
     plain_gap_s: float
     num_inflated_gaps: int
+    num_full_chunk_gaps: int
     max_gap_s: float
 
 
@@ -81,32 +94,32 @@ async def _warm(engine: ProbedEngine, batch_size: int, prompt_tokens: int) -> li
 
 
 async def measure_decode(engine: ProbedEngine, batch_size: int, prompt_tokens: int,
-                         output_tokens: int) -> DecodePoint:
+                         output_tokens: int, window_tokens: int) -> DecodePoint:
     """One steady batch (see the module docstring).
 
     Raises:
-        ProbeError: a stream failed, the engine does not report inter-token latency,
-            or it was not running exactly ``batch_size`` requests during the window
-            (preemption: too little KV cache for this batch).
+        WindowMissed: the engine was not running exactly ``batch_size`` requests at
+            the end of the window.
+        ProbeError: a stream failed, or the engine does not report inter-token latency.
     """
     prompts = await _warm(engine, batch_size, prompt_tokens)
     counts = [0] * batch_size
     started = [asyncio.Event() for _ in range(batch_size)]
-    halfway = asyncio.Event()
+    closed = asyncio.Event()
 
     async def one(i: int) -> None:
         prompt, session = prompts[i]
         # The window opens at every stream's second token, not its first: the gap
         # before a stream's second token can hold another stream's prefill.
         second = _Counter(counts, i, started[i], 2)
-        half = _Counter(counts, i, halfway, output_tokens // 2, count=False)
-        await engine.stream_token_times(prompt, output_tokens, session, None, lambda: (second(), half()))
+        closing = _Counter(counts, i, closed, 2 + window_tokens, count=False)
+        await engine.stream_token_times(prompt, output_tokens, session, None, lambda: (second(), closing()))
 
     tasks = [asyncio.create_task(one(i)) for i in range(batch_size)]
     try:
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), engine.request_timeout_s)
         before, generated_before = await scrape(engine.client, engine.url), sum(counts)
-        await asyncio.wait_for(halfway.wait(), engine.request_timeout_s)
+        await asyncio.wait_for(closed.wait(), engine.request_timeout_s)
         after, generated_after = await scrape(engine.client, engine.url), sum(counts)
         await asyncio.gather(*tasks)
     finally:
@@ -114,8 +127,9 @@ async def measure_decode(engine: ProbedEngine, batch_size: int, prompt_tokens: i
             task.cancel()
     running = after.value(NUM_RUNNING)
     if running != batch_size:
-        raise ProbeError(f"{engine.url}: {running:g} requests running in a batch of {batch_size}: the engine "
-                         "preempted or queued some (too little KV cache for this batch)")
+        raise WindowMissed(f"{engine.url}: {running:g} requests running in a batch of {batch_size} at the end of "
+                           "the window: the engine preempted or queued some (too little KV cache for this batch), "
+                           "or a stream ended before a slow client closed the window")
     itl = delta(before, after, INTER_TOKEN_LATENCY)
     if itl.count <= 0:
         raise ProbeError(f"{engine.url}: no {INTER_TOKEN_LATENCY} observations while {batch_size} streams ran")
@@ -172,16 +186,20 @@ async def measure_mixed(engine: ProbedEngine, batch_size: int, prompt_tokens: in
         raise ProbeError(f"{engine.url}: the {new_tokens}-token prefill ran after the streams ended; "
                          "raise output_tokens")
     largest_s = max(g for stream in during for g in stream)
-    cutoff_s = plain_s + _SHARE_OF_LARGEST * (largest_s - plain_s)
-    inflated = max(sum(g >= cutoff_s for g in stream) for stream in during)
-    return MixedPoint(batch_size, new_tokens, plain_s, inflated, largest_s)
+
+    def most(share: float) -> int:
+        cutoff_s = plain_s + share * (largest_s - plain_s)
+        return max(sum(g >= cutoff_s for g in stream) for stream in during)
+    return MixedPoint(batch_size, new_tokens, plain_s, most(_SHARE_OF_LARGEST), most(_FULL_CHUNK_SHARE), largest_s)
 
 
 def chunk_budget_tokens(point: MixedPoint) -> int | None:
-    """The token budget of a mixed step implied by ``point``: a prefill of ``l`` tokens
-    spread over ``k`` steps that each also decode ``b`` sequences takes chunks of at
-    most ``budget - b``, so ``budget >= ceil(l / k) + b``; None when the prefill took
-    one step (a pause, or a budget above ``l``)."""
-    if point.num_inflated_gaps <= 1:
+    """The token budget of a mixed step implied by ``point``, an estimate: ``k`` full
+    chunks of a prefill of ``l`` tokens, each step also decoding ``b`` sequences, are
+    chunks of at most ``l / k`` tokens, so the budget is about ``floor(l / k) + b``
+    (exact when ``l`` is a multiple of the chunk; at most one chunk's count off when a
+    short last chunk is counted as full). None when the prefill took one step (a
+    pause, or a budget above ``l``)."""
+    if point.num_inflated_gaps <= 1 or point.num_full_chunk_gaps < 1:
         return None
-    return math.ceil(point.new_tokens / point.num_inflated_gaps) + point.batch_size
+    return point.new_tokens // point.num_full_chunk_gaps + point.batch_size

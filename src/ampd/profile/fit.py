@@ -26,6 +26,7 @@ from scipy.optimize import nnls
 
 from ampd.core.errors import InputError
 from ampd.perf.alphabeta import DecodeCost, PrefillCost, fit_decode, fit_prefill
+from ampd.perf.measured import KvLink
 
 MAX_BREAKPOINTS = 3
 MIN_GAIN = 0.05
@@ -40,7 +41,9 @@ class FitResult:
     """A fitted cost function and how well it predicts.
 
     Attributes:
-        cost: the fitted function (``PrefillCost``, ``DecodeCost`` or ``KvLink``).
+        cost: the fitted function (``PrefillCost``, ``DecodeCost``, or ``KvLink``'s
+            time as a function of ``(bytes, unused)``).
+        link: the fitted ``KvLink`` (``fit_kv_points`` only).
         breakpoints: the segment boundaries chosen (empty for ``KvLink``).
         train_mape, held_out_mape: mean absolute percentage error, as a fraction.
         num_train, num_held_out: grid points (medians of repeats) on each side.
@@ -54,32 +57,13 @@ class FitResult:
     num_train: int
     num_held_out: int
     held_out: tuple[Sample, ...]
+    link: KvLink | None = None
 
     def report(self) -> dict:
         """JSON-ready facts of the fit."""
         return {"breakpoints": list(self.breakpoints), "train_mape": self.train_mape,
                 "held_out_mape": self.held_out_mape, "num_train": self.num_train,
                 "num_held_out": self.num_held_out}
-
-
-@dataclass(frozen=True, slots=True)
-class KvLink:
-    """``T_kv(bytes) = alpha_s + s_per_byte * bytes`` between two engines.
-
-    Raises:
-        InputError: a negative or non-finite coefficient.
-    """
-
-    alpha_s: float
-    s_per_byte: float
-
-    def __post_init__(self) -> None:
-        if not all(np.isfinite(c) and c >= 0 for c in (self.alpha_s, self.s_per_byte)):
-            raise InputError(f"KV link: alpha_s {self.alpha_s} and s_per_byte {self.s_per_byte} must be >= 0")
-
-    def __call__(self, num_bytes: float, _unused: float = 0.0) -> float:
-        """Seconds to move ``num_bytes``."""
-        return self.alpha_s + self.s_per_byte * num_bytes
 
 
 def medians(samples: Sequence[Sample]) -> list[Sample]:
@@ -145,7 +129,10 @@ def fit_kv_points(samples: Sequence[Sample], rng: np.random.Generator) -> FitRes
     coef, _ = nnls(design / scale, np.ones_like(times))
     alpha_s, s_per_byte = (float(c) for c in coef / scale)
     link = KvLink(alpha_s, s_per_byte)
-    return FitResult(link, (), mape(link, train), mape(link, held), len(train), len(held), tuple(held))
+
+    def cost(num_bytes: float, _unused: int = 0) -> float:
+        return link.transfer_s(num_bytes)
+    return FitResult(cost, (), mape(cost, train), mape(cost, held), len(train), len(held), tuple(held), link)
 
 
 def _fit_piecewise(samples: Sequence[Sample], rng: np.random.Generator,

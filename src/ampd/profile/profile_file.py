@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from ampd.perf.catalog import GpuSpec, ModelSpec
+from ampd.perf.measured import EngineBatching, Measured
+from ampd.perf.model import AlphaBetaPerfModel
 from ampd.perf.topology import default_topology
 from ampd.profile.run import Measurements, ProfileGrid
-from ampd.sim.decode_worker import Batching
 
 FORMAT = "ampd.profile/1"
-PERF_FORMAT = "ampd.perf.alphabeta/2"
 
 MEASURED_BY = {
     "prefill": "engine: vllm:request_prefill_time_seconds (one request at a time, history from the prefix cache "
@@ -47,23 +47,15 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
         report["kv"] = fits["kv"].report()
     report["batching"] = fits["batching"]
     report["measured_by"] = MEASURED_BY
-    perf: dict[str, Any] = {
-        "format": PERF_FORMAT, "model": dataclasses.asdict(model), "gpu": dataclasses.asdict(gpu),
-        "topology": dataclasses.asdict(default_topology(gpu)),
-        "tps": {str(tp): {"prefill": fits["prefill"].cost.to_dict(), "decode": fits["decode"].cost.to_dict()}},
-        "fit_report": {"source": "ampd profile", "held_out_mape": {k: v["held_out_mape"] for k, v in report.items()
-                                                                   if isinstance(v, dict) and "held_out_mape" in v}},
-    }
     blocks, block = decode_print.get("num_gpu_blocks"), decode_print.get("block_size_tokens")
-    if blocks and block:
-        perf["kv_capacity_tokens"] = {str(tp): blocks * block}
-    if fits["kv"] is not None:
-        perf["kv_transfer"] = dataclasses.asdict(fits["kv"].cost)
-        perf["kv_bytes_per_token"] = fits["kv_bytes_per_token"]
-    if fits["batching"]["mode"] != "unmeasured":
-        # A paused batch has no budget; the field is the decode worker's, unused by "alternate".
-        perf["batching"] = {"mode": fits["batching"]["mode"],
-                            "chunk_tokens": fits["batching"].get("chunk_tokens", Batching().chunk_tokens)}
+    mode = fits["batching"]["mode"]
+    measured = Measured(kv_link=fits["kv"].link if fits["kv"] is not None else None,
+                        kv_capacity_tokens={tp: blocks * block} if blocks and block else None,
+                        kv_bytes_per_token=fits["kv_bytes_per_token"],
+                        batching=None if mode == "unmeasured" else EngineBatching(mode, fits["batching"].get("chunk_tokens")))
+    held_out = {name: report[name]["held_out_mape"] for name in ("prefill", "decode", "kv") if name in report}
+    perf = AlphaBetaPerfModel(model, gpu, default_topology(gpu), {tp: fits["prefill"].cost}, {tp: fits["decode"].cost},
+                              {"source": "ampd profile", "held_out_mape": held_out}, measured)
     return {
         "format": FORMAT,
         "fingerprint": {**fingerprints, "tp": tp, "connector": "nixl" if points.kv else None, "seed": seed,
@@ -71,7 +63,7 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
                         "profiler_host": platform.node(), "profiler_machine": platform.machine()},
         "points": points.to_dict(),
         "fit_report": report,
-        "perf_model": perf,
+        "perf_model": json.loads(perf.to_json()),
     }
 
 

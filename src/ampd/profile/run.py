@@ -21,11 +21,17 @@ import numpy as np
 from tqdm import tqdm
 
 from ampd.core.errors import InputError
-from ampd.profile.decode_probe import DecodePoint, MixedPoint, chunk_budget_tokens, measure_decode, measure_mixed
+from ampd.profile.decode_probe import (DecodePoint, MixedPoint, WindowMissed, chunk_budget_tokens, measure_decode,
+                                      measure_mixed)
 from ampd.profile.engine import ProbedEngine, connect
 from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_prefill_points
 from ampd.profile.kv_probe import KvPoint, measure_kv
 from ampd.profile.prefill_probe import PrefillPoint, measure_prefill
+
+
+# [our choice] Three tries of a decode probe: a miss is a slow client, rare even on a
+# loaded machine; three in a row is an engine that preempts (too little KV cache).
+_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,8 @@ class ProfileGrid:
         hist_tokens, new_tokens: the ``T_pre`` grid (every pair), tokens.
         batch_sizes, decode_prompt_tokens: the ``T_dec`` grid (every pair).
         decode_output_tokens: tokens each stream of a decode probe generates.
+        decode_window_tokens: tokens of the first stream the measurement window spans
+            (the rest is slack for a slow client).
         kv_tokens: prompt sizes of the ``T_kv`` probes, tokens.
         mixed_batch_size, mixed_new_tokens: the mixed-batch probe: streams running,
             and the local prefill that joins them, tokens.
@@ -51,7 +59,8 @@ class ProfileGrid:
     new_tokens: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     decode_prompt_tokens: tuple[int, ...] = (128, 512, 1024)
-    decode_output_tokens: int = 48
+    decode_output_tokens: int = 256
+    decode_window_tokens: int = 32
     kv_tokens: tuple[int, ...] = (128, 256, 512, 1024, 2048)
     mixed_batch_size: int = 4
     mixed_new_tokens: int = 3072
@@ -59,11 +68,12 @@ class ProfileGrid:
     warmup: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("repeats", "decode_output_tokens", "mixed_batch_size", "mixed_new_tokens"):
+        for name in ("repeats", "mixed_batch_size", "mixed_new_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"profile grid: {name} must be >= 1, got {getattr(self, name)}")
-        if self.decode_output_tokens < 8:
-            raise InputError(f"profile grid: decode_output_tokens must be >= 8, got {self.decode_output_tokens}")
+        if not 4 <= self.decode_window_tokens <= self.decode_output_tokens // 2:
+            raise InputError(f"profile grid: decode_window_tokens must be in [4, decode_output_tokens / 2], got "
+                             f"{self.decode_window_tokens} with decode_output_tokens {self.decode_output_tokens}")
 
 
 @dataclass
@@ -93,15 +103,27 @@ async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, s
         prefill, prefill_print = await connect(prefill_url, client, rng) if prefill_url else (None, None)
         limit = int(decode_print.get("max_model_len") or 1 << 30)
         plan = _plan(grid, limit, decode, prefill)
-        points = Measurements()
+        points, retried = Measurements(), []
         with tqdm(total=len(plan), desc="ampd profile", unit="probe", disable=not show_progress) as bar:
             for kind, probe, record in plan:
                 bar.set_postfix_str(kind)
-                point = await probe()
+                point = await _with_retries(probe, retried)
                 if record:
                     getattr(points, kind).append(point)
                 bar.update()
-    return points, {"decode_engine": decode_print, "prefill_engine": prefill_print}
+    return points, {"decode_engine": decode_print, "prefill_engine": prefill_print, "probes_retried": retried}
+
+
+async def _with_retries(probe, retried: list[str]):
+    """Run ``probe``; a decode window missed is tried again, up to ``_TRIES`` in all
+    (each miss is noted in ``retried``)."""
+    for attempt in range(_TRIES):
+        try:
+            return await probe()
+        except WindowMissed as missed:
+            retried.append(str(missed))
+            if attempt == _TRIES - 1:
+                raise
 
 
 def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None) -> list:
@@ -112,7 +134,7 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
         return lambda: measure_prefill(decode, h, n)
 
     def dec(b: int, p: int):
-        return lambda: measure_decode(decode, b, p, grid.decode_output_tokens)
+        return lambda: measure_decode(decode, b, p, grid.decode_output_tokens, grid.decode_window_tokens)
 
     def kv(t: int):
         return lambda: measure_kv(prefill, decode, t)
@@ -132,7 +154,7 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
         plan += [("kv", kv(t), True) for t in kv_grid]
     mixed_prompt = min(grid.decode_prompt_tokens)
     mixed_new = min(grid.mixed_new_tokens, limit - 1)
-    mixed_output = max(4 * grid.decode_output_tokens, 64)
+    mixed_output = grid.decode_output_tokens
     if mixed_prompt + mixed_output <= limit:
         plan.append(("mixed", lambda: measure_mixed(decode, grid.mixed_batch_size, mixed_prompt, mixed_output,
                                                     mixed_new), True))
