@@ -4,9 +4,11 @@ agent does: that round is never refused as "already in progress" (409): the
 previous round's lease is given back before its client can see it end.
 
 The coordinator runs in this process, over a real Redis and mock engines, with
-its lease renewals back to back instead of once a second: a renewal is then in
-flight whenever a round ends, the moment that once let a renewal take a lease
-back after the round had released it (docs/SERVING.md, "KV reservations")."""
+its lease renewals back to back instead of once a second, each reaching Redis a
+few event-loop turns late (``renew_late``): a renewal is then in flight whenever
+a round ends, the moment that once let a renewal take a lease back after the
+round had released it (docs/SERVING.md, "KV reservations"); without the fix most
+sessions met a 409."""
 
 import asyncio
 import contextlib
