@@ -17,6 +17,9 @@ retry may mend (connection lost, 409, 429, 5xx, a stream cut short) is sent
 again, from its start, to the next server URL, every ``RETRY_PAUSE_S``, for up
 to ``retry_s`` wall seconds; its TTFT still counts from when its input was
 ready. A round that stays silent for ``timeout_s`` is *hung*: never retried.
+Without failover (``ampd replay``) a failed round fails its session, a 409 too:
+a round is sent only after the previous one's ``[DONE]``, when the coordinator
+has released its session (docs/SERVING.md, "API"), so a 409 is a fault.
 """
 
 from __future__ import annotations

@@ -7,7 +7,11 @@ one round at a time across all replicas and idle expiry never ends a session
 mid-round. Every change of a binding is one store operation that moves the
 worker's KV total by the difference with the *stored* reservation
 (``StateStore``), so the total is the sum over the worker's sessions by
-construction; ``audit.py`` checks it.
+construction; ``audit.py`` checks it. A round's end is written (its lease
+released) before its client can see the round end, so a client's next round,
+sent at once, is never 409: an end waits for a renewal in flight that carries
+its lease (which would take the lease back), and one the store did not take is
+written before the session's next round here starts.
 
 A round's reservation: ``prompt + max_tokens`` tokens, grown into at its start
 (never shrunk while the session lives: the engine keeps the history). When it
@@ -85,6 +89,9 @@ class SessionBook:
         self.known: dict[str, SessionState] = {}
         self.rounds: dict[str, OpenRound] = {}
         self._unwritten: dict[str, tuple[str, SessionState | None, int]] = {}  # round ends to write again
+        # The leases the renewal in flight carries, and its end (renew_loop, _write).
+        self._renewing: frozenset[str] = frozenset()
+        self._renewed = asyncio.Event()
         # A lease names this replica, this process (a restarted replica keeps its id; its leases
         # must not be taken for those of its previous life) and the round.
         self._lease_prefix = f"{ctx.options.replica_id}#{uuid.uuid4().hex[:12]}."
@@ -103,6 +110,9 @@ class SessionBook:
             StoreUnavailable: the store did not answer (nothing was taken).
         """
         session_id, lease = request.session_id, self._new_lease()
+        unwritten = self._unwritten.pop(session_id, None)
+        if unwritten is not None:  # its client has seen the round before end: its lease goes first
+            await self._write(session_id, unwritten)
         need = need_tokens(request)
         while True:
             start = await self.ctx.store.start_round(session_id, scope, lease, ROUND_LEASE_TTL_S, need, now_s)
@@ -278,6 +288,11 @@ class SessionBook:
             await self._write(session_id, (opened.lease, state, opened.state.num_rounds))
 
     async def _write(self, session_id: str, close: tuple[str, SessionState | None, int]) -> None:
+        # A renewal takes back a lease it finds gone (StateStore.renew_leases): one sent before
+        # this round ended but reaching the store after its end would hold the session for
+        # ROUND_LEASE_TTL_S, and the client's next round would get 409. So the end waits for it.
+        if close[0] in self._renewing:
+            await self._renewed.wait()
         # Tried twice at once: a store call that timed out while this replica's event loop was
         # starved usually succeeds again at once, before its client is told the round is done.
         outcome = None
@@ -300,7 +315,9 @@ class SessionBook:
         (``StateStore.close_round``); one superseded by a later round of the
         session (begun here, or on another replica: ``forget``) is not written.
         A degraded round holds no lease: one written
-        to a store that came back would outlive it and turn the next round away."""
+        to a store that came back would outlive it and turn the next round away.
+        A round that ends while a renewal carrying its lease is in flight writes
+        its end once that renewal is done (``_write``)."""
         while True:
             await asyncio.sleep(ROUND_LEASE_RENEW_S)
             for session_id, close in list(self._unwritten.items()):
@@ -308,7 +325,12 @@ class SessionBook:
                     del self._unwritten[session_id]
                     await self._write(session_id, close)
             leases = {sid: opened.lease for sid, opened in self.rounds.items() if not opened.degraded}
-            lost = await self.ctx.store_call(self.ctx.store.renew_leases(leases, ROUND_LEASE_TTL_S))
+            self._renewing, self._renewed = frozenset(leases.values()), asyncio.Event()
+            try:
+                lost = await self.ctx.store_call(self.ctx.store.renew_leases(leases, ROUND_LEASE_TTL_S))
+            finally:  # the rounds that ended meanwhile may write their ends now
+                self._renewing = frozenset()
+                self._renewed.set()
             for session_id in lost or ():
                 self.ctx.decide("lease-lost", {"session_id": session_id})
 

@@ -260,7 +260,8 @@ class StateStore(Protocol):
 
     async def renew_leases(self, leases: dict[str, str], lease_ttl_s: float) -> list[str]:
         """Extend the round leases ``{session id: lease}`` (taking back one that
-        vanished, e.g. a restarted store); the ids whose lease another holds."""
+        vanished, e.g. a restarted store: so a caller never renews a lease whose
+        round it has closed, ``SessionBook._write``); the ids whose lease another holds."""
 
     async def expire_sessions(self, idle_before_s: float) -> list[str]:
         """End the sessions with no round leased whose last round started or
