@@ -134,8 +134,8 @@ def test_a_kv_link_fits_latency_plus_bytes_over_bandwidth():
     # 50 us + 1 byte per ns (1 GB/s): exact on every size.
     samples = [(b, 0, 50e-6 + b * 1e-9) for b in (1e5, 1e6, 4e6, 1e7, 5e7)]
     fit = fit_kv_points(samples, np.random.default_rng(0))
-    assert fit.cost.alpha_s == pytest.approx(50e-6, rel=1e-6)
-    assert fit.cost.s_per_byte == pytest.approx(1e-9, rel=1e-6)
+    assert fit.link.alpha_s == pytest.approx(50e-6, rel=1e-6)
+    assert fit.link.s_per_byte == pytest.approx(1e-9, rel=1e-6)
     with pytest.raises(InputError, match="2 or more sizes"):
         fit_kv_points([(1e6, 0, 1.0)], np.random.default_rng(0))
 

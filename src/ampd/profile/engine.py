@@ -9,6 +9,7 @@ cache by it (``ampd.serve.mock_engine``).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,7 @@ class ProbedEngine:
     def _body(self, prompt: list[int], max_tokens: int, stream: bool,
               kv_transfer_params: dict[str, Any] | None) -> dict[str, Any]:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                "ignore_eos": True, "stream": stream}
+                "ignore_eos": True, "stream": stream, "return_token_ids": True}
         if stream:
             body["stream_options"] = {"include_usage": True}
         if kv_transfer_params is not None:
@@ -98,7 +99,9 @@ class ProbedEngine:
                     raise ProbeError(f"{self.url}/v1/completions: HTTP {reply.status_code}: "
                                      f"{(await reply.aread())[:300]!r}")
                 async for line in reply.aiter_lines():
-                    if line.startswith("data: {") and '"choices":[]' not in line.replace(" ", ""):
+                    # A chunk may carry several tokens (vLLM merges outputs a slow
+                    # client has not read yet); each gets the chunk's arrival time.
+                    for _ in range(_chunk_tokens(line)):
                         times.append(loop.time())
                         if first_token is not None:
                             first_token.set()
@@ -109,6 +112,16 @@ class ProbedEngine:
         if len(times) < max_tokens:
             raise ProbeError(f"{self.url}: a stream of {max_tokens} tokens ended after {len(times)}")
         return times
+
+
+def _chunk_tokens(line: str) -> int:
+    """Output tokens in one server-sent event line: its choices' ``token_ids``, one per
+    choice with text where the engine does not return ids; 0 for the usage chunk,
+    ``[DONE]`` and blank lines."""
+    if not line.startswith("data: {"):
+        return 0
+    choices = json.loads(line[6:]).get("choices") or []
+    return sum(len(c["token_ids"]) if c.get("token_ids") is not None else 1 for c in choices)
 
 
 def cached_tokens(reply: dict[str, Any], url: str) -> int:
