@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from ampd.core.errors import AmpdError, InputError
 from ampd.core.names import unknown_name
 from ampd.metrics.slo import SloScope
-from ampd.perf import catalog
 from ampd.perf.perf_file import load_perf_model
+from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.policy.systems import DECODE_BATCHING_SETTINGS, Knobs, get_system
 from ampd.workload import BUILTIN_TRACES, FORMATS, WORKLOADS
 
@@ -69,8 +69,11 @@ class ClusterConfig(_Strict):
     perf_model: str | None = Field(None, description="a perf model file (alpha-beta JSON or profile, "
                                                      "docs/PERF_MODEL.md): it times the run instead of the "
                                                      "catalog's model on the catalog's GPU")
-    model: str = "Llama-3.1-70B"
-    gpu: str = "H20"
+    # A catalog name, or a file outside the catalog (``ampd.perf.resolve``; a relative path
+    # is read from the working directory, as perf_model is).
+    model: str = Field("Llama-3.1-70B", description="a catalog model, or a Hugging Face config.json "
+                                                     "(the file or its folder)")
+    gpu: str = Field("H20", description="a catalog GPU, or a TOML file of its figures (configs/gpus/)")
     num_gpus: int = Field(8, ge=1, le=65536)
     gpus_per_server: int = Field(8, ge=1)
     deployment: str = "auto"
@@ -106,12 +109,12 @@ class ClusterConfig(_Strict):
     @field_validator("model")
     @classmethod
     def _known_model(cls, name: str, info: ValidationInfo) -> str:
-        return name if info.data.get("perf_model") else _looked_up(catalog.model, name)
+        return name if info.data.get("perf_model") else _looked_up(resolve_model, name)
 
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, name: str, info: ValidationInfo) -> str:
-        return name if info.data.get("perf_model") else _looked_up(catalog.gpu, name)
+        return name if info.data.get("perf_model") else _looked_up(resolve_gpu, name)
 
 
 class SloConfig(_Strict):

@@ -26,8 +26,9 @@ from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.measure import TRANSIENT, MeasurePlan, Stability, measure_plan, measure_window, unloaded_lifetime_s
 from ampd.metrics.summary import RunSummary, summarize
-from ampd.perf import build_perf_model, catalog, load_perf_model
+from ampd.perf import build_perf_model, load_perf_model
 from ampd.perf.interface import PerfModel
+from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.perf.topology import default_topology
 from ampd.policy.routing import SloThresholds
 from ampd.policy.batching import Batching
@@ -83,22 +84,25 @@ class RunOutput:
 
 def perf_model_for(config: RunConfig) -> PerfModel:
     """The performance model of the run: ``cluster.perf_model``'s file when set, else
-    the catalog's model on the catalog's GPU; either way with the configured servers
+    the model and GPU ``cluster.model`` and ``cluster.gpu`` name (catalog names or files,
+    ``ampd.perf.resolve``); either way with the configured servers
     and links (a file's measured KV link, when it has one, still times transfers:
     ``AlphaBetaPerfModel.kv_transfer_s``).
 
     Raises:
-        InputError: an unknown model or GPU, or a perf model file that cannot be read.
+        InputError: an unknown model or GPU, a bad model or GPU file, or a perf model file
+            that cannot be read.
     """
     cluster = config.cluster
     loaded = load_perf_model(cluster.perf_model) if cluster.perf_model else None
-    topology = default_topology(loaded.gpu if loaded else catalog.gpu(cluster.gpu))
+    device = loaded.gpu if loaded else resolve_gpu(cluster.gpu)
+    topology = default_topology(device)
     topology = dataclasses.replace(topology, gpus_per_server=cluster.gpus_per_server,
                                    network_gb_per_s=cluster.network_gb_per_s,
                                    nvlink_gb_per_s=cluster.nvlink_gb_per_s or topology.nvlink_gb_per_s)
     if loaded is not None:
         return dataclasses.replace(loaded, topology=topology)
-    return build_perf_model(cluster.model, cluster.gpu, topology)
+    return build_perf_model(resolve_model(cluster.model), device, topology)
 
 
 def require_tp(perf: PerfModel, tp: int, where: str) -> None:

@@ -39,8 +39,9 @@ def positive_float(text: str) -> float:
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """Options that override a RunConfig (each defaults to the config's value)."""
     p.add_argument("--config", help="TOML configuration file (fields: see docs/CONFIG.md)")
-    p.add_argument("--model", help="model name, e.g. Llama-3.1-70B")
-    p.add_argument("--gpu", help="GPU type, e.g. H20")
+    p.add_argument("--model", help="a catalog model, e.g. Llama-3.1-70B, or a Hugging Face config.json "
+                                   "(file or folder)")
+    p.add_argument("--gpu", help="a catalog GPU, e.g. H20, or a TOML file of its figures (configs/gpus/)")
     p.add_argument("--perf-model", metavar="PATH", help="perf model file (alpha-beta JSON or profile) timing the "
                                                         "run instead of the catalog's; replaces the configuration's "
                                                         "perf_model, model and gpu (docs/CONFIG.md)")

@@ -7,8 +7,7 @@ import dataclasses
 
 from ampd.cli.options import output_dir, positive_int
 from ampd.cli.tables import fit_table, print_table
-from ampd.perf.catalog import gpu as catalog_gpu
-from ampd.perf.catalog import model as catalog_model
+from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.profile.plots import plot_profile
 from ampd.profile.profile_file import profile_document, write
 from ampd.profile.run import ProfileGrid, run
@@ -21,7 +20,7 @@ QUICK_GRID = ProfileGrid(hist_tokens=(0, 512), new_tokens=(32, 128, 512, 2048), 
 
 def cmd_profile(args: argparse.Namespace) -> None:
     out_dir = output_dir(args, "out/profile")
-    model, gpu = catalog_model(args.model), catalog_gpu(args.gpu)
+    model, gpu = resolve_model(args.model), resolve_gpu(args.gpu)
     grid = QUICK_GRID if args.quick else ProfileGrid()
     if args.repeats is not None:
         grid = dataclasses.replace(grid, repeats=args.repeats)
@@ -46,9 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-url", required=True, help="a decode engine (OpenAI API + /metrics): T_pre, T_dec and "
                                                        "how it mixes a local prefill into decode steps")
     p.add_argument("--prefill-url", help="a prefill engine with a KV connector to the decode engine: T_kv")
-    p.add_argument("--model", required=True, help="the engines' model: a catalog name (the shape of the KV cache "
-                                                  "and weights)")
-    p.add_argument("--gpu", required=True, help="the engines' GPU: a catalog name")
+    p.add_argument("--model", required=True, help="the engines' model: a catalog name or a Hugging Face config.json "
+                                                  "(file or folder): the shape of the KV cache and weights")
+    p.add_argument("--gpu", required=True, help="the engines' GPU: a catalog name or a TOML file of its figures "
+                                                "(configs/gpus/)")
     p.add_argument("--tp", type=positive_int, default=1, help="the engines' tensor-parallel degree (default 1)")
     p.add_argument("--quick", action="store_true", help="a small grid, one repeat (about a minute on a CPU)")
     p.add_argument("--repeats", type=positive_int, help="probes per grid point (default 3; 1 with --quick)")

@@ -10,6 +10,7 @@ from ampd.perf.measured import BATCHING_MODES, EngineBatching, KvLink, Measured
 from ampd.perf.memory import USABLE_MEMORY_FRACTION, replica_kv_capacity_tokens
 from ampd.perf.model import AlphaBetaPerfModel, build_perf_model
 from ampd.perf.perf_file import load_perf_model
+from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.perf.report import MapeRow, format_table, mape_table
 from ampd.perf.roofline import Efficiency, Roofline
 from ampd.perf.splitwise import MeasuredPoint, Profile, load_profile
@@ -21,5 +22,5 @@ __all__ = [
     "PerfModel", "PrefillCost", "Profile", "Roofline", "Segments", "Topology", "USABLE_MEMORY_FRACTION",
     "build_perf_model", "default_topology", "efficiency_for", "fit_decode", "fit_efficiency", "fit_prefill",
     "format_table", "gpu", "kv_bytes_per_token", "load_perf_model", "load_profile", "mape_table", "model", "refit",
-    "replica_kv_capacity_tokens",
+    "replica_kv_capacity_tokens", "resolve_gpu", "resolve_model",
 ]

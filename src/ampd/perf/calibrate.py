@@ -11,7 +11,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from ampd.core.errors import InputError
-from ampd.perf.catalog import gpu, model
+from ampd.perf.catalog import GPUS, gpu, model
 from ampd.perf.roofline import Efficiency, Roofline
 from ampd.perf.splitwise import MODEL_NAME, MeasuredPoint, Profile, load_profile
 
@@ -32,21 +32,30 @@ CALIBRATED: dict[str, Efficiency] = {
 # Same generation (Hopper) for H20 and H200; L40S (Ada, PCIe, no NVLink) is closer to A100's
 # engine behaviour than to Hopper's.
 BORROWED = {"H20": "H100-SXM", "H200": "H100-SXM", "L40S": "A100-80GB"}
+# [our choice] A GPU outside the catalog: the most recent generation measured. Its figures
+# (peak FLOP/s, bandwidth) still set the roofline; only the achieved fractions and the engine's
+# fixed overheads are borrowed. `ampd profile` measures them instead.
+OUTSIDE_CATALOG = "H100-SXM"
 
 # Starting points and upper bounds of the fitted fields, in Efficiency's order (times in s).
 _START = (0.5, 0.7, 0.5, 0.5, 1e-5, 0.01, 0.01, 1e-3, 1e-4)
 _UPPER = (1.0, 1.0, 1.0, 1.0, 1e-3, 0.2, 0.2, 0.1, 0.01)
 
 
-def efficiency_for(gpu_name: str) -> Efficiency:
-    """Calibrated efficiency of a catalog GPU, borrowed per ``BORROWED`` when it was not
-    measured.
+def efficiency_of(gpu_name: str) -> str:
+    """The measured GPU whose calibrated efficiencies ``gpu_name`` uses: itself when
+    measured, ``BORROWED``'s for an unmeasured catalog GPU, ``OUTSIDE_CATALOG`` for a GPU
+    outside the catalog (a TOML file's, ``ampd.perf.gpu_file``). Case-insensitive."""
+    by_key = {g.name.lower(): g.name for g in GPUS}
+    name = by_key.get(str(gpu_name).strip().lower())
+    if name is None:
+        return OUTSIDE_CATALOG
+    return BORROWED.get(name, name)
 
-    Raises:
-        InputError: unknown GPU name.
-    """
-    name = gpu(gpu_name).name
-    return CALIBRATED[BORROWED.get(name, name)]
+
+def efficiency_for(gpu_name: str) -> Efficiency:
+    """Calibrated efficiency of the GPU called ``gpu_name`` (``efficiency_of``'s)."""
+    return CALIBRATED[efficiency_of(gpu_name)]
 
 
 def fit_efficiency(points: tuple[MeasuredPoint, ...], gpu_name: str) -> Efficiency:

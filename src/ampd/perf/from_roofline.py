@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from ampd.perf.alphabeta import fit_decode, fit_prefill
-from ampd.perf.calibrate import BORROWED, FIT_DATE, FIT_SOURCE
+from ampd.perf.calibrate import FIT_DATE, FIT_SOURCE, efficiency_of
 from ampd.perf.memory import replica_kv_capacity_tokens
 from ampd.perf.roofline import Roofline
 
@@ -46,7 +46,7 @@ def fit_from_roofline(roof: Roofline, tps: tuple[int, ...]) -> tuple[dict, dict,
         prefill[tp] = fit_prefill(pre_samples, prefill_breaks)
         decode[tp] = fit_decode(dec_samples, decode_breaks)
         errors[str(tp)] = {"prefill": _errors(prefill[tp], pre_samples), "decode": _errors(decode[tp], dec_samples)}
-    report = {"efficiency": asdict(eff), "efficiency_of": BORROWED.get(roof.gpu.name, roof.gpu.name),
+    report = {"efficiency": asdict(eff), "efficiency_of": efficiency_of(roof.gpu.name),
               "calibrated": FIT_DATE, "calibration_source": FIT_SOURCE,
               "error_vs_roofline_samples": errors}
     return prefill, decode, report

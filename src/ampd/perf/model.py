@@ -1,5 +1,5 @@
 """``AlphaBetaPerfModel``: the ``PerfModel`` every runtime times work with, its JSON form,
-and ``build_perf_model``, which builds it from the catalog.
+and ``build_perf_model``, which builds it from a model's and a GPU's specs.
 
 JSON formats: ``ampd.perf.alphabeta/2`` (written): model and GPU as full spec objects, so
 the file needs no catalog, plus the optional measured fields of ``ampd.perf.measured``;
@@ -20,6 +20,7 @@ from ampd.perf.catalog import GpuSpec, ModelSpec, gpu, kv_bytes_per_token, model
 from ampd.perf.from_roofline import fit_from_roofline
 from ampd.perf.measured import EngineBatching, Measured, measured_from_dict, measured_to_dict
 from ampd.perf.memory import replica_kv_capacity_tokens
+from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.perf.roofline import Roofline
 from ampd.perf.spec_json import gpu_spec_from_dict, model_spec_from_dict, spec_to_dict
 from ampd.perf.topology import Topology, default_topology
@@ -214,31 +215,34 @@ class AlphaBetaPerfModel:
             raise InputError(f"{path}: {exc}") from None
 
 
-def build_perf_model(model_name: str, gpu_name: str, topology: Topology | None = None,
+def build_perf_model(model_or_name: str | ModelSpec, gpu_or_name: str | GpuSpec, topology: Topology | None = None,
                      tps: tuple[int, ...] = (1, 2, 4, 8)) -> AlphaBetaPerfModel:
-    """The alpha-beta performance model of a catalog model on a catalog GPU.
+    """The alpha-beta performance model of a model on a GPU, each a spec or as a user names
+    it: a catalog name or a file outside the catalog (``resolve.resolve_model`` and
+    ``resolve_gpu``).
 
-    Samples the roofline calibrated on the Splitwise measurements (``calibrate``) and fits
-    ``T_pre`` and ``T_dec`` per TP degree in ``tps``. A TP whose weights do not fit still
-    gets cost functions; its ``kv_capacity_tokens`` is 0. Built once per argument set
-    (cached; the result is shared and must not be changed).
+    Samples the roofline calibrated on the Splitwise measurements (``calibrate``; a GPU
+    outside the catalog borrows ``calibrate.efficiency_of``'s) and fits ``T_pre`` and
+    ``T_dec`` per TP degree in ``tps``. A TP whose weights do not fit still gets cost
+    functions; its ``kv_capacity_tokens`` is 0. Built once per argument set (cached on the
+    specs' values; the result is shared and must not be changed).
 
     Args:
         topology: links for KV transfers; default: the paper's (``default_topology``).
 
     Raises:
-        InputError: unknown model or GPU name (the message lists the known ones), or a
-            TP degree below 1.
+        InputError: unknown model or GPU name (the message lists the known ones), an
+            unreadable or invalid model or GPU file (named), or a TP degree below 1.
     """
-    model_key, gpu_key = model(model_name).name, gpu(gpu_name).name
+    spec = resolve_model(model_or_name) if isinstance(model_or_name, str) else model_or_name
+    device = resolve_gpu(gpu_or_name) if isinstance(gpu_or_name, str) else gpu_or_name
     if not tps or any(int(tp) < 1 for tp in tps):
         raise InputError(f"build_perf_model: TP degrees must be >= 1, got {tps!r}")
-    return _build(model_key, gpu_key, topology or default_topology(gpu(gpu_key)),
-                  tuple(sorted({int(tp) for tp in tps})))
+    return _build(spec, device, topology or default_topology(device), tuple(sorted({int(tp) for tp in tps})))
 
 
 @lru_cache(maxsize=64)
-def _build(model_name: str, gpu_name: str, topology: Topology, tps: tuple[int, ...]) -> AlphaBetaPerfModel:
-    roof = Roofline(model(model_name), gpu(gpu_name), efficiency_for(gpu_name))
+def _build(spec: ModelSpec, device: GpuSpec, topology: Topology, tps: tuple[int, ...]) -> AlphaBetaPerfModel:
+    roof = Roofline(spec, device, efficiency_for(device.name))
     prefill, decode, report = fit_from_roofline(roof, tps)
     return AlphaBetaPerfModel(roof.model, roof.gpu, topology, prefill, decode, report)

@@ -55,14 +55,19 @@ def _spec_from_dict(kind: str, cls: type, data: object):
             if f.default is MISSING:
                 raise InputError(f"{kind}: missing {name!r}")
             continue
-        values[name] = _checked(f"{kind}.{name}", f.type, data[name])
+        values[name] = check_field(f"{kind}.{name}", f.type, data[name])
     return cls(**values)
 
 
-def _checked(where: str, type_name: str, value: object) -> object:
+def check_field(where: str, type_name: str, value: object) -> object:
     """``value`` if it is of the field's type (``str``, ``int`` or ``float``: the
     annotations of the spec classes) and, for a number, finite and > 0 (every size,
-    count and rate of a spec is)."""
+    count and rate of a spec is). Also checks the fields of a Hugging Face
+    ``config.json`` (``ampd.perf.hf_config``), so both inputs obey one rule.
+
+    Raises:
+        InputError: naming ``where``, the expected type and the value.
+    """
     if type_name == "str":
         if not isinstance(value, str) or not value.strip():
             raise InputError(f"{where}: expected a non-empty string, got {value!r}")
