@@ -18,6 +18,7 @@ from ampd.experiment import batching_for
 from ampd.perf import build_perf_model
 from ampd.planner.decode_tau import decode_cells
 from ampd.planner.stream import build_stream
+from ampd.perf.measured import EngineBatching
 from ampd.policy.batching import Batching, local_prefill, measured_batching, mixed_step_s
 from ampd.policy.reorder import Fcfs
 from ampd.policy.routing import AdaptiveRouter, AlwaysLocalRouter, SloThresholds, local_estimate_s
@@ -110,10 +111,10 @@ def test_decode_batching_resolution():
     assert decode_batching(ampd, "auto", 2048, perf) == Batching("alternate", 2048)
     assert decode_batching(ampd, "chunked", 512, perf) == Batching("chunked", 512)
     assert decode_batching(vllm, "chunked", 512, perf) == Batching("prefill-first", 512)  # its name fixes it
-    measured = SimpleNamespace(batching={"mode": "chunked", "chunk_tokens": 8192})
+    measured = SimpleNamespace(batching=EngineBatching("chunked", 8192))
     assert measured_batching(measured) == Batching("chunked", 8192)
-    assert measured_batching(SimpleNamespace(batching=SimpleNamespace(mode="alternate", chunk_tokens=1))) == Batching(
-        "alternate", 1)
+    # A measured pause has no budget: Batching's default stands in, unused.
+    assert measured_batching(SimpleNamespace(batching=EngineBatching("alternate"))) == Batching("alternate", 2048)
     assert measured_batching(perf) is None
     assert decode_batching(ampd, "auto", 2048, measured) == Batching("chunked", 8192)
     assert decode_batching(ampd, "alternate", 2048, measured) == Batching("alternate", 2048)

@@ -25,7 +25,9 @@ from ampd.serve.mock_engine import EngineOptions, create_app
 # [our choice] Half speed: a 48-token decode probe lasts about half a wall second, long
 # enough that a client slowed by a loaded machine still reads its window mid-stream.
 MOCK = dict(model="Llama-3.1-8B", gpu="H100-SXM", time_scale=0.5)
-GRID = ProfileGrid(repeats=1, warmup=1)
+# Short streams: a mock finishes a stream its client left (vLLM aborts it), and the
+# next probe waits for that.
+GRID = ProfileGrid(repeats=1, warmup=1, decode_output_tokens=64, decode_window_tokens=16)
 # Sizes between and beyond the probe grid's (within its range).
 CHECK_PREFILL = [(h, n) for h in (0, 300, 1500) for n in (20, 100, 700, 1800)]
 CHECK_DECODE = [(b, b * per_seq) for b in (1, 3, 6, 12) for per_seq in (200, 800)]
@@ -86,28 +88,29 @@ def test_the_profile_recovers_the_mocks_cost_model_within_5_percent(alternate_pr
 def test_a_decode_engine_that_pauses_for_a_local_prefill_is_told_apart_from_one_that_chunks(alternate_profile):
     (_, _, fits), _ = alternate_profile
     assert fits["batching"]["mode"] == "alternate"
-    assert fits["batching"]["num_inflated_gaps"] == 1
+    assert fits["batching"]["num_probes"] == 1  # one step at the largest size: nothing to search
     grid = ProfileGrid(hist_tokens=(0,), new_tokens=(64, 256, 1024), batch_sizes=(1, 2, 4), decode_prompt_tokens=(128,),
-                       kv_tokens=(), repeats=1, warmup=0)
+                       kv_tokens=(), repeats=1, warmup=0, decode_output_tokens=64, decode_window_tokens=16)
     # Slowed to 2 wall s per model s: a chunk's extra ~40 ms of wall time stands well
     # above the jitter of a busy machine.
     decode = create_app(EngineOptions(Role.DECODE, 1, 1, batching="chunked", chunk_tokens=512,
                                       **{**MOCK, "time_scale": 2.0}))
     with _serve(decode) as d:
         _, _, chunked = run(d, None, grid, seed=1, show_progress=False)
-    # 3072 tokens joining 4 streams under a 512-token budget: chunks of 508, so 6 full
-    # chunks and a 24-token tail (its step costs 60 % of a full one's extra: the
-    # prefill's start-up cost); the budget implied by 6 full chunks is 3072 // 6 + 4.
+    # Under a 512-token budget 4 decoding sequences leave 508 tokens a step for the
+    # prefill: the search finds 508 as the largest one-step prefill (to within 1.6 %).
     assert chunked["batching"]["mode"] == "chunked"
-    assert chunked["batching"]["num_full_chunk_gaps"] == 6
-    assert chunked["batching"]["chunk_tokens"] == 516
+    assert 500 <= chunked["batching"]["chunk_tokens"] - 4 <= 508
     assert chunked["kv"] is None
 
 
-def test_chunk_budget_is_the_prefill_over_its_full_chunks_plus_the_batch():
-    assert chunk_budget_tokens(MixedPoint(4, 3072, 0.01, 7, 6, 0.05)) == 3072 // 6 + 4
-    assert chunk_budget_tokens(MixedPoint(8, 1000, 0.01, 3, 3, 0.05)) == 333 + 8
-    assert chunk_budget_tokens(MixedPoint(4, 3072, 0.01, 1, 1, 0.5)) is None
+def test_chunk_budget_is_the_largest_one_step_prefill_plus_the_batch():
+    def probe(new_tokens, steps):
+        return MixedPoint(4, new_tokens, 0.01, 0.025, steps)
+    assert chunk_budget_tokens([probe(3072, 7), probe(1536, 4), probe(768, 2), probe(384, 1), probe(576, 2),
+                                probe(480, 1), probe(528, 2), probe(504, 1)]) == 504 + 4
+    assert chunk_budget_tokens([probe(3072, 1)]) is None  # one step: a pause, or a budget above 3072
+    assert chunk_budget_tokens([]) is None
 
 
 def test_breakpoints_are_found_where_the_slope_changes():

@@ -7,7 +7,7 @@ import argparse
 import math
 import sys
 
-from ampd.cli import plan, profile, replay, reproduce, serve
+from ampd.cli import plan, profile, replay, reproduce, serve, validate
 from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_int
 from ampd.cli.tables import arrivals_text, capacity_table, print_table, summary_table
 from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.register(sub)
     serve.register(sub)
     replay.register(sub)
+    validate.register(sub)
     return parser
 
 

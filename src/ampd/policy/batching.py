@@ -17,7 +17,6 @@ Two engine behaviours matter for a prefill run on a decode worker:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ampd.perf.interface import PerfModel
@@ -67,18 +66,17 @@ class Batching:
 
 def measured_batching(perf: PerfModel) -> Batching | None:
     """The batching a profiled performance model measured on the real engine (its
-    optional ``batching``: a mapping or an object with ``mode`` and
-    ``chunk_tokens``), or None when it has none (a catalog model).
+    ``batching``, an ``ampd.perf.measured.EngineBatching``), or None when it has none
+    (a catalog model). A pause has no budget of its own; ``Batching``'s default stands
+    in, unused by those modes.
 
     Raises:
         ValueError: a measured mode or budget ``Batching`` refuses.
     """
-    measured = getattr(perf, "batching", None)
+    measured = getattr(perf, "batching", None)  # PerfModels other than AlphaBetaPerfModel measure none
     if measured is None:
         return None
-    if isinstance(measured, Mapping):
-        return Batching(measured["mode"], int(measured["chunk_tokens"]))
-    return Batching(measured.mode, int(measured.chunk_tokens))
+    return Batching(measured.mode, measured.chunk_tokens or Batching().chunk_tokens)
 
 
 def mixed_step_s(perf: PerfModel, tp: int, prefilled_tokens: int, chunk_tokens: int, batch_size: int,

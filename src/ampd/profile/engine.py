@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,17 +79,13 @@ class ProbedEngine:
             raise ProbeError(f"{self.url}/v1/completions: HTTP {reply.status_code}: {reply.text[:300]}")
         return reply.json()
 
-    async def stream_token_times(self, prompt: list[int], max_tokens: int, session: str,
-                                 first_token: asyncio.Event | None = None,
-                                 on_token: Callable[[], None] | None = None) -> list[float]:
-        """Stream a completion; the client's clock (``loop.time()``, seconds) at each
-        token. Sets ``first_token`` when the first one arrives and calls ``on_token``
-        after each.
+    async def stream(self, prompt: list[int], max_tokens: int, session: str) -> int:
+        """Stream a completion to its end; the number of tokens it carried.
 
         Raises:
             ProbeError: an HTTP error, an error reply, or fewer tokens than asked.
         """
-        loop, times = asyncio.get_running_loop(), []
+        received = 0
         try:
             async with self.client.stream("POST", f"{self.url}/v1/completions", headers={"X-Session-Id": session},
                                           json=self._body(prompt, max_tokens, True, None),
@@ -99,25 +94,17 @@ class ProbedEngine:
                     raise ProbeError(f"{self.url}/v1/completions: HTTP {reply.status_code}: "
                                      f"{(await reply.aread())[:300]!r}")
                 async for line in reply.aiter_lines():
-                    # A chunk may carry several tokens (vLLM merges outputs a slow
-                    # client has not read yet); each gets the chunk's arrival time.
-                    for _ in range(_chunk_tokens(line)):
-                        times.append(loop.time())
-                        if first_token is not None:
-                            first_token.set()
-                        if on_token is not None:
-                            on_token()
+                    received += _chunk_tokens(line)
         except httpx.HTTPError as exc:
             raise ProbeError(f"{self.url}/v1/completions (stream): {exc!r}") from None
-        if len(times) < max_tokens:
-            raise ProbeError(f"{self.url}: a stream of {max_tokens} tokens ended after {len(times)}")
-        return times
-
+        if received < max_tokens:
+            raise ProbeError(f"{self.url}: a stream of {max_tokens} tokens ended after {received}")
+        return received
 
 def _chunk_tokens(line: str) -> int:
-    """Output tokens in one server-sent event line: its choices' ``token_ids``, one per
-    choice with text where the engine does not return ids; 0 for the usage chunk,
-    ``[DONE]`` and blank lines."""
+    """Output tokens in one server-sent event line (vLLM merges several into one chunk
+    for a client that reads late): its choices' ``token_ids``, one per choice where
+    the engine returns no ids; 0 for the usage chunk, ``[DONE]`` and blank lines."""
     if not line.startswith("data: {"):
         return 0
     choices = json.loads(line[6:]).get("choices") or []

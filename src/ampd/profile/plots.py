@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
+from ampd.metrics.records import SessionRecord  # noqa: E402
 from ampd.profile.fit import FitResult, medians  # noqa: E402
 from ampd.profile.run import Measurements, decode_medians  # noqa: E402
 
@@ -61,6 +62,38 @@ def _plot(curves: list[Curve], fit: FitResult, title: str, xlabel: str, path: Pa
     ax.set_title(f"{title}\nheld-out MAPE {100 * fit.held_out_mape:.1f} %, breakpoints {list(fit.breakpoints)}",
                  fontsize=10)
     fig.legend(loc="outside right upper", fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_sim_vs_real(real_runs: list[list[SessionRecord]], sim: list[SessionRecord], title: str, path: Path) -> Path:
+    """Per round, the real TTFT and mean ITL (y) against the simulated (x), one colour
+    per real run, with the line y = x; written as PNG to ``path``."""
+    simulated = {(r.session_id, r.round_index): r for s in sim for r in s.rounds if r.done_s is not None}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), layout="constrained")
+    for ax, name, value in ((axes[0], "TTFT", lambda r: r.ttft_s),
+                            (axes[1], "mean ITL", lambda r: r.itls_s.sum_s / len(r.itls_s) if len(r.itls_s) else None)):
+        lows, highs = [], []
+        for i, run in enumerate(real_runs):
+            pairs = [(value(simulated[k]), value(r)) for s in run for r in s.rounds
+                     if r.done_s is not None and (k := (r.session_id, r.round_index)) in simulated]
+            pairs = [(x, y) for x, y in pairs if x and y]
+            ax.plot([1000 * x for x, _ in pairs], [1000 * y for _, y in pairs], "o", color=f"C{i}", alpha=0.6,
+                    markersize=4, label=f"real run {i + 1}")
+            lows += [min(p) for p in pairs]
+            highs += [max(p) for p in pairs]
+        if lows:
+            span = (1000 * min(lows) / 1.2, 1000 * max(highs) * 1.2)
+            ax.plot(span, span, "--", color="grey", label="real = simulated")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"simulated {name} (ms)")
+        ax.set_ylabel(f"real {name} (ms)")
+        ax.set_title(f"per-round {name}", fontsize=10)
+    fig.suptitle(f"sim vs real: {title}", fontsize=11)
+    axes[1].legend(loc="upper left", fontsize=8)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -25,7 +25,7 @@ from ampd.perf.catalog import GpuSpec, ModelSpec
 from ampd.perf.measured import EngineBatching, Measured
 from ampd.perf.model import AlphaBetaPerfModel
 from ampd.perf.topology import default_topology
-from ampd.profile.run import Measurements, ProfileGrid
+from ampd.profile.run import MEASURED_BY_CLIENT, Measurements, ProfileGrid
 
 FORMAT = "ampd.profile/1"
 
@@ -34,7 +34,7 @@ MEASURED_BY = {
                "checked by usage.prompt_tokens_details.cached_tokens)",
     "decode": "engine: vllm:inter_token_latency_seconds while exactly b requests ran (vllm:num_requests_running)",
     "kv": "engine: vllm:nixl_xfer_time_seconds and vllm:nixl_bytes_transferred",
-    "batching": "client: token arrival times of the running streams (the engine reports no per-step time)",
+    "batching": f"client: {MEASURED_BY_CLIENT}",
 }
 
 

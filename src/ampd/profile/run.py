@@ -21,17 +21,15 @@ import numpy as np
 from tqdm import tqdm
 
 from ampd.core.errors import InputError
-from ampd.profile.decode_probe import (DecodePoint, MixedPoint, WindowMissed, chunk_budget_tokens, measure_decode,
-                                      measure_mixed)
+from ampd.profile.decode_probe import (DecodePoint, MixedPoint, chunk_budget_tokens, measure_decode_until_seen,
+                                      search_chunk_budget)
 from ampd.profile.engine import ProbedEngine, connect
 from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_prefill_points
 from ampd.profile.kv_probe import KvPoint, measure_kv
 from ampd.profile.prefill_probe import PrefillPoint, measure_prefill
 
 
-# [our choice] Three tries of a decode probe: a miss is a slow client, rare even on a
-# loaded machine; three in a row is an engine that preempts (too little KV cache).
-_TRIES = 3
+MEASURED_BY_CLIENT = "client token times of the running streams (the engine reports no per-step time)"
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,8 @@ class ProfileGrid:
     Attributes:
         hist_tokens, new_tokens: the ``T_pre`` grid (every pair), tokens.
         batch_sizes, decode_prompt_tokens: the ``T_dec`` grid (every pair).
-        decode_output_tokens: tokens each stream of a decode probe generates.
+        decode_output_tokens: tokens each stream of a decode probe generates at first
+            (doubled while the window is missed, up to the engine's limit).
         decode_window_tokens: tokens of the first stream the measurement window spans
             (the rest is slack for a slow client).
         kv_tokens: prompt sizes of the ``T_kv`` probes, tokens.
@@ -102,31 +101,21 @@ async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, s
         decode, decode_print = await connect(decode_url, client, rng)
         prefill, prefill_print = await connect(prefill_url, client, rng) if prefill_url else (None, None)
         limit = int(decode_print.get("max_model_len") or 1 << 30)
-        plan = _plan(grid, limit, decode, prefill)
-        points, retried = Measurements(), []
+        points, missed = Measurements(), []
+        plan = _plan(grid, limit, decode, prefill, missed)
         with tqdm(total=len(plan), desc="ampd profile", unit="probe", disable=not show_progress) as bar:
             for kind, probe, record in plan:
                 bar.set_postfix_str(kind)
-                point = await _with_retries(probe, retried)
+                point = await probe()
                 if record:
-                    getattr(points, kind).append(point)
+                    getattr(points, kind).extend(point if isinstance(point, list) else [point])
                 bar.update()
-    return points, {"decode_engine": decode_print, "prefill_engine": prefill_print, "probes_retried": retried}
+    return points, {"decode_engine": decode_print, "prefill_engine": prefill_print, "decode_windows_missed": missed}
 
 
-async def _with_retries(probe, retried: list[str]):
-    """Run ``probe``; a decode window missed is tried again, up to ``_TRIES`` in all
-    (each miss is noted in ``retried``)."""
-    for attempt in range(_TRIES):
-        try:
-            return await probe()
-        except WindowMissed as missed:
-            retried.append(str(missed))
-            if attempt == _TRIES - 1:
-                raise
 
-
-def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None) -> list:
+def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None,
+          missed: list[str]) -> list:
     """``(kind, probe, record)`` in run order: warm-ups (not recorded) first, then each
     grid point ``repeats`` times, repeats of a point apart so a slow spell of the
     machine does not hit all of them."""
@@ -134,7 +123,8 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
         return lambda: measure_prefill(decode, h, n)
 
     def dec(b: int, p: int):
-        return lambda: measure_decode(decode, b, p, grid.decode_output_tokens, grid.decode_window_tokens)
+        return lambda: measure_decode_until_seen(decode, b, p, grid.decode_output_tokens, grid.decode_window_tokens,
+                                                 limit - p, missed)
 
     def kv(t: int):
         return lambda: measure_kv(prefill, decode, t)
@@ -156,8 +146,8 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
     mixed_new = min(grid.mixed_new_tokens, limit - 1)
     mixed_output = grid.decode_output_tokens
     if mixed_prompt + mixed_output <= limit:
-        plan.append(("mixed", lambda: measure_mixed(decode, grid.mixed_batch_size, mixed_prompt, mixed_output,
-                                                    mixed_new), True))
+        plan.append(("mixed", lambda: search_chunk_budget(decode, grid.mixed_batch_size, mixed_prompt, mixed_output,
+                                                          mixed_new), True))
     return plan
 
 
@@ -191,15 +181,14 @@ def decode_medians(points: list[DecodePoint]) -> dict[tuple[int, int], tuple[int
 
 
 def batching(mixed: list[MixedPoint]) -> dict[str, Any]:
-    """How the engine mixes a local prefill with decode steps, from the mixed probe:
-    ``chunked`` with the budget implied when the prefill spread over several steps,
-    ``alternate`` (the batch pauses for the whole prefill) when it took one, and
-    ``unmeasured`` without a probe."""
+    """How the engine mixes a local prefill with decode steps, from the mixed probes
+    (``search_chunk_budget``): ``chunked`` with the budget found when a prefill spread
+    over several steps, ``alternate`` (the batch pauses for the whole prefill) when
+    even the largest took one, ``unmeasured`` without probes."""
     if not mixed:
         return {"mode": "unmeasured"}
-    point = mixed[-1]
-    budget = chunk_budget_tokens(point)
-    seen = {"source": "client token times of the running streams", **dataclasses.asdict(point)}
+    budget = chunk_budget_tokens(mixed)
+    seen = {"source": MEASURED_BY_CLIENT, "largest_probe_tokens": mixed[0].new_tokens, "num_probes": len(mixed)}
     if budget is None:
         return {"mode": "alternate", **seen}
     return {"mode": "chunked", "chunk_tokens": budget, **seen}

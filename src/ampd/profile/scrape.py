@@ -9,6 +9,8 @@ own clock, free of HTTP and client scheduling.
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -37,11 +39,14 @@ class Snapshot:
         values: every sample's value summed over label sets, by sample name
             (``<histogram>_sum``, ``<histogram>_count``, gauges, counters).
         labels: the label set of each ``*_info`` gauge, by metric name.
+        buckets: each histogram's cumulative bucket counts by upper bound (seconds or
+            units of the histogram; ``inf`` last), by histogram name.
     """
 
     url: str
     values: dict[str, float]
     labels: dict[str, dict[str, str]]
+    buckets: dict[str, dict[float, float]]
 
     def value(self, name: str) -> float:
         """A sample's value; 0 for a histogram the engine has not created yet (vLLM
@@ -62,12 +67,44 @@ async def scrape(client: httpx.AsyncClient, url: str) -> Snapshot:
         raise ProbeError(f"{url}/metrics: {exc}") from None
     values: dict[str, float] = {}
     labels: dict[str, dict[str, str]] = {}
+    buckets: dict[str, dict[float, float]] = {}
     for family in text_string_to_metric_families(reply.text):
         for sample in family.samples:
             values[sample.name] = values.get(sample.name, 0.0) + sample.value
             if sample.name.endswith("_info"):
                 labels[sample.name] = dict(sample.labels)
-    return Snapshot(url, values, labels)
+            if sample.name.endswith("_bucket"):
+                le = float(sample.labels["le"])
+                counts = buckets.setdefault(sample.name[:-len("_bucket")], {})
+                counts[le] = counts.get(le, 0.0) + sample.value
+    return Snapshot(url, values, labels, buckets)
+
+
+def count_above(before: Snapshot, after: Snapshot, histogram: str, bound: float) -> float:
+    """Observations ``histogram`` gained from ``before`` to ``after`` above ``bound``,
+    which must be one of its bucket bounds."""
+    def above(snapshot: Snapshot) -> float:
+        counts = snapshot.buckets.get(histogram, {})
+        return counts.get(math.inf, 0.0) - counts.get(bound, 0.0)
+    return above(after) - above(before)
+
+
+async def poll(client: httpx.AsyncClient, url: str, ready: Callable[[Snapshot], bool], timeout_s: float,
+               waiting_for: str) -> Snapshot:
+    """Scrape ``url`` until ``ready(snapshot)``; that snapshot.
+
+    Raises:
+        ProbeError: not ready after ``timeout_s`` seconds (names ``waiting_for``).
+    """
+    loop = asyncio.get_running_loop()
+    deadline_s = loop.time() + timeout_s
+    while True:
+        snapshot = await scrape(client, url)
+        if ready(snapshot):
+            return snapshot
+        if loop.time() > deadline_s:
+            raise ProbeError(f"{url}: no {waiting_for} within {timeout_s:g} s")
+        await asyncio.sleep(0.01)
 
 
 @dataclass(frozen=True)

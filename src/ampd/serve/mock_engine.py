@@ -361,7 +361,6 @@ class MockEngine:
         outputs = [token_id(session_id, n, i, self.options.vocab_size) for i in range(request.max_tokens)]
         rnd = EngineRound(session_id, n, outputs, cached_tokens, submit_s=self.loop.now_s)
         self.rounds[task.key] = rnd
-        self.metrics.num_requests_running.set(len(self.rounds))
         return rnd, task
 
     def _submit_remote(self, request: CompletionRequest, session_id: str, params: dict[str, Any],
@@ -413,11 +412,16 @@ class MockEngine:
         rnd.emit()
         rnd.last_token_s = self.loop.now_s
         self.metrics.prefill_time_s.observe(rnd.last_token_s - rnd.submit_s - rnd.kv_send_s)
+        self._count_running()
         if self.spec.role is Role.PREFILL:
             del self._decode_specs[task.decode_worker]
             self._end(task.key)
         else:
             self.worker.join(task, len(rnd.token_ids))
+
+    def _count_running(self) -> None:
+        """vLLM's ``num_requests_running`` as the mock has it: rounds decoding."""
+        self.metrics.num_requests_running.set(sum(r.num_emitted > 0 for r in self.rounds.values()))
 
     def _tokens(self, keys: Iterable[tuple[str, int]]) -> None:
         """The decode worker's step ended: each of these rounds has its next token."""
@@ -435,7 +439,7 @@ class MockEngine:
     def _end(self, key: tuple[str, int]) -> None:
         session_id = key[0]
         rnd = self.rounds.pop(key)
-        self.metrics.num_requests_running.set(len(self.rounds))
+        self._count_running()
         rnd.events.put_nowait(None)
         if rnd.last_round:
             self.worker.kv.end_session(session_id)

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
-# [our choice] Buckets are irrelevant to the profiler (it reads _sum and _count) and
-# kept coarse so a scrape stays small.
+# [our choice] Request-level times: coarse buckets (the profiler reads _sum and _count).
 _TIME_BUCKETS_S = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0)
+# vLLM 0.32's inter-token buckets (vllm/v1/metrics/buckets.py): the profiler counts the
+# steps above one of them to see how a prefill is mixed into decode steps.
+_INTER_TOKEN_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                          20.0, 40.0, 80.0)
 _BYTES_BUCKETS = (1e4, 1e6, 1e8, 1e10)
 
 
@@ -37,9 +40,9 @@ class MockEngineMetrics:
         self.prefill_time_s = Histogram("vllm:request_prefill_time_seconds", "arrival to first token, model s",
                                         registry=self.registry, buckets=_TIME_BUCKETS_S)
         self.inter_token_latency_s = Histogram("vllm:inter_token_latency_seconds", "between two tokens, model s",
-                                               registry=self.registry, buckets=_TIME_BUCKETS_S)
-        self.num_requests_running = Gauge("vllm:num_requests_running", "rounds started and not ended",
-                                          registry=self.registry)
+                                               registry=self.registry, buckets=_INTER_TOKEN_BUCKETS_S)
+        self.num_requests_running = Gauge("vllm:num_requests_running", "rounds decoding (first token out, "
+                                          "last not yet)", registry=self.registry)
         self.kv_xfer_time_s = Histogram("vllm:nixl_xfer_time_seconds", "one KV transfer, model s",
                                         registry=self.registry, buckets=_TIME_BUCKETS_S)
         self.kv_bytes = Histogram("vllm:nixl_bytes_transferred", "bytes of one KV transfer",

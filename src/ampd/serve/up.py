@@ -100,12 +100,18 @@ class LocalCluster:
         config: the run configuration (``cluster.deployment`` may be ``auto``).
         log_dir: where logs and the resolved configuration go.
         coordinators: coordinator replicas to start (ports ``serve.port``, +1, ...).
+        engines_timed_by: for mock engines, the configuration whose ``cluster`` (model,
+            GPU, links, perf model) times them (default: ``config``): ``ampd validate``
+            emulates hardware with the catalog's model while the coordinators route by
+            a profile of it.
 
     Use as a context manager, or ``start()`` / ``stop()``.
     """
 
-    def __init__(self, config: RunConfig, log_dir: str | Path, coordinators: int = 1) -> None:
+    def __init__(self, config: RunConfig, log_dir: str | Path, coordinators: int = 1,
+                 engines_timed_by: RunConfig | None = None) -> None:
         self.config = resolve_deployment(config)
+        self.engines_timed_by = engines_timed_by or config
         # Before any engine starts: a profile may lack a TP the deployment asks for.
         perf = perf_model_for(self.config)
         for spec in self.specs():
@@ -198,7 +204,7 @@ class LocalCluster:
         return {"redis_url": url}
 
     def _start_engine(self, spec: WorkerSpec) -> dict:
-        serve, cluster = self.config.serve, self.config.cluster
+        serve, cluster = self.config.serve, self.engines_timed_by.cluster
         port = serve.base_port + spec.worker_id
         role = "prefill" if spec.role is Role.PREFILL else "decode"
         url = f"http://127.0.0.1:{port}"
@@ -217,7 +223,7 @@ class LocalCluster:
             if spec.role is Role.DECODE:
                 # The emulated decode engine batches local prefills as the simulator's
                 # decode workers of this configuration do, and as the router estimates.
-                batching = batching_for(self.config, perf_model_for(self.config))
+                batching = batching_for(self.engines_timed_by, perf_model_for(self.engines_timed_by))
                 argv += ["--batching", batching.mode, "--chunk-tokens", str(batching.chunk_tokens)]
             child = self._spawn(name, argv, url)
         else:

@@ -1,0 +1,76 @@
+"""``ampd validate``: the simulator, driven by a profile of the real engines, against the
+real cluster on the same trace (docs/PROFILING.md, "Sim vs real")."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from rich.table import Table
+
+from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_float, positive_int
+from ampd.cli.profile import QUICK_GRID
+from ampd.cli.tables import print_table
+from ampd.metrics.report import write_json
+from ampd.profile.plots import plot_sim_vs_real
+from ampd.profile.run import ProfileGrid
+from ampd.profile.validate import validate
+from ampd.serve.mock_engine import DEFAULT_VOCAB_SIZE
+from ampd.serve.replay import DEFAULT_TIMEOUT_S
+
+_ROWS = (("mean TTFT, relative error", "ttft_mean_rel_error", "{:.1%}"),
+         ("mean ITL, relative error", "itl_mean_rel_error", "{:.1%}"),
+         ("per-round TTFT, median relative error", "ttft_round_median_rel_error", "{:.1%}"),
+         ("per-round ITL, median relative error", "itl_round_median_rel_error", "{:.1%}"),
+         ("SLO attainment, difference (points)", "attainment_delta", "{:+.1f}"),
+         ("rounds placed alike", "placement_agreement", "{:.1%}"),
+         ("local prefill share (first side)", "local_share_real", "{:.1%}"),
+         ("local prefill share (second side)", "local_share_sim", "{:.1%}"),
+         ("sessions compared", "num_sessions", "{}"))
+
+
+def cmd_validate(args: argparse.Namespace) -> None:
+    config, _ = config_from_args(args)
+    out_dir = output_dir(args, "out/validate")
+    grid = QUICK_GRID if args.quick_profile else ProfileGrid()
+    result = validate(config, out_dir, args.repeats, args.vocab_size, args.timeout_s, args.max_model_len, grid,
+                      not args.quiet)
+    table = Table(title=f"sim vs real: {config.system}, {config.cluster.deployment}, profile {result.profile_path}; "
+                        f"{len(result.sim.result.sessions)} sessions ({result.clipped_rounds} rounds beyond "
+                        f"max_model_len left out)")
+    table.add_column("figure")
+    for i in range(len(result.figures)):
+        table.add_column(f"real run {i + 1} vs sim", justify="right")
+    if result.spread is not None:
+        table.add_column("real run 2 vs real run 1", justify="right")
+    for label, key, form in _ROWS:
+        cells = [form.format(f[key]) for f in result.figures]
+        table.add_row(label, *cells, *([form.format(result.spread[key])] if result.spread else []))
+    print_table(table)
+    failed = sum(len(run.failed) for run in result.runs)
+    write_json(out_dir / "validate.json", {
+        "config": config.model_dump(mode="json"), "profile": str(result.profile_path),
+        "sim_verdict": result.sim.stability.verdict, "clipped_rounds": result.clipped_rounds,
+        "real_vs_sim": result.figures, "real_vs_real": result.spread, "failed_sessions": failed})
+    plot = plot_sim_vs_real([run.sessions for run in result.runs], result.sim.result.sessions,
+                            f"{config.system} on {config.cluster.deployment}", out_dir / "sim_vs_real.png")
+    print(f"{failed} sessions failed in the real runs" if failed else "no session failed in the real runs")
+    print(f"results in {out_dir}/ (validate.json, {plot.name}, profile and logs)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``ampd validate`` to the ``ampd`` command."""
+    p = sub.add_parser("validate", help="simulate a configuration with a profile of its engines and replay the same "
+                                        "trace on them: sim vs real, side by side", description=__doc__)
+    add_run_options(p)
+    p.add_argument("--repeats", type=positive_int, default=2,
+                   help="real runs (default 2: their spread is the yardstick for the errors)")
+    p.add_argument("--quick-profile", action="store_true", help="when profiling: ampd profile --quick's grid")
+    p.add_argument("--max-model-len", type=positive_int, default=4096,
+                   help="the engines' context limit; later rounds are left out of the trace (default 4096)")
+    p.add_argument("--vocab-size", type=positive_int, default=DEFAULT_VOCAB_SIZE,
+                   help=f"prompt token ids are drawn from [0, vocab size) (default {DEFAULT_VOCAB_SIZE})")
+    p.add_argument("--timeout-s", type=positive_float, default=DEFAULT_TIMEOUT_S,
+                   help=f"fail a round after this many wall seconds without reply (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_validate)

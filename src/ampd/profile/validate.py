@@ -1,0 +1,147 @@
+"""``ampd validate``: profile a configuration's engines (or load a profile), simulate
+its trace with the profile, replay the same trace against the real cluster, and
+compare (``ampd.profile.sim_vs_real``).
+
+Each real repeat starts the cluster afresh (cold caches, as the simulator starts) and
+draws fresh prompt ids (``seed + repeat``), so no repeat hits a prefix an earlier one
+left in an engine. Two or more repeats give the repeat-to-repeat spread, the yardstick
+for the sim-vs-real errors: a simulator cannot be asked to agree with a cluster more
+closely than the cluster agrees with itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ampd.config import RunConfig, with_perf_model
+from ampd.core.errors import InputError
+from ampd.core.session import Round, Session
+from ampd.experiment import RunOutput, sessions_for, simulate
+from ampd.perf.resolve import resolve_gpu, resolve_model
+from ampd.profile.profile_file import profile_document, write
+from ampd.profile.run import ProfileGrid, fit, measure
+from ampd.profile.sim_vs_real import compare
+from ampd.serve.clock import ScaledClock
+from ampd.serve.replay import ReplayResult, replay
+from ampd.serve.up import LocalCluster
+
+# Engine kinds whose prefill engine hands KV to its decode engine over a connector the
+# profiler can time (T_kv); ``vllm`` (ExampleConnector, through files) is not timed.
+_KV_TIMED_ENGINES = ("mock", "vllm-nixl")
+
+
+@dataclass
+class Validation:
+    """One validation: the simulated run, the real runs, and their comparisons.
+
+    Attributes:
+        profile_path: the profile the simulator ran on.
+        sim: the simulated run of ``sessions``.
+        runs: each real repeat's replay.
+        figures: ``compare(real, sim)`` per repeat.
+        spread: ``compare`` of the second real repeat against the first (None with
+            one repeat).
+        clipped_rounds: rounds left out of the trace because their context would
+            exceed the engines' ``max_model_len``.
+    """
+
+    profile_path: Path
+    sim: RunOutput
+    runs: list[ReplayResult]
+    figures: list[dict[str, Any]]
+    spread: dict[str, Any] | None
+    clipped_rounds: int
+
+
+def clip_to_context(sessions: list[Session], max_context_tokens: int) -> tuple[list[Session], int]:
+    """Each session up to its last round whose context (every earlier input and
+    output plus its own) fits ``max_context_tokens``; sessions with no such round are
+    left out. Returns the sessions and the number of rounds dropped."""
+    kept, dropped = [], 0
+    for session in sessions:
+        total, rounds = 0, []
+        for r in session.rounds:
+            total += r.input_tokens + r.output_tokens
+            if total > max_context_tokens:
+                break
+            rounds.append(r)
+        dropped += len(session.rounds) - len(rounds)
+        if rounds:
+            last = rounds[-1]
+            rounds[-1] = Round(last.input_tokens, last.output_tokens, 0.0)  # no tool call after the last round
+            kept.append(dataclasses.replace(session, rounds=tuple(rounds)))
+    return kept, dropped
+
+
+def engine_urls(config: RunConfig) -> tuple[str | None, str]:
+    """``(prefill_url, decode_url)`` of a started cluster's first prefill and decode
+    engines; the prefill URL is None where the profiler cannot time its KV transfers."""
+    workers = config.serve.workers
+    decode = next(w.url for w in workers if w.role == "decode")
+    prefill = next((w.url for w in workers if w.role == "prefill"), None)
+    return (prefill if config.serve.engine in _KV_TIMED_ENGINES else None), decode
+
+
+def profile_config(config: RunConfig, out_dir: Path, grid: ProfileGrid, progress: bool) -> Path:
+    """Start the configuration's cluster, profile its engines, write
+    ``out_dir/profile.json``; the path.
+
+    Raises:
+        InputError: the cluster did not start (named part and log).
+        ProbeError: an engine failed a probe.
+    """
+    model, gpu = resolve_model(config.cluster.model), resolve_gpu(config.cluster.gpu)
+    with LocalCluster(config, out_dir / "logs-profile") as cluster:
+        prefill_url, decode_url = engine_urls(cluster.config)
+        points, prints = asyncio.run(measure(decode_url, prefill_url, grid, config.seed, progress))
+    tp = next(w.tp for w in cluster.config.serve.workers if w.role == "decode")
+    return write(profile_document(points, prints, fit(points, config.seed), model, gpu, tp, grid, config.seed),
+                 out_dir / "profile.json")
+
+
+def validate(config: RunConfig, out_dir: Path, repeats: int, vocab_size: int, timeout_s: float,
+             max_context_tokens: int, grid: ProfileGrid, progress: bool = True) -> Validation:
+    """Profile (unless ``config`` names a perf model), simulate, replay ``repeats``
+    times, compare (see the module docstring).
+
+    Args:
+        vocab_size: prompt ids are drawn below it (the engines' vocabulary).
+        timeout_s: a round with no reply for this long (wall seconds) fails.
+        max_context_tokens: the engines' ``max_model_len`` (rounds beyond it are left
+            out of the trace, on both sides).
+
+    Raises:
+        InputError: ``repeats`` < 1, a trace with nothing that fits, or any error of
+            the cluster, the profile or the simulation (named).
+    """
+    if repeats < 1:
+        raise InputError(f"validate: repeats must be >= 1, got {repeats}")
+    hardware = config
+    if config.cluster.perf_model is None:
+        config = with_perf_model(config, str(profile_config(config, out_dir, grid, progress)))
+    sessions, clipped = clip_to_context(sessions_for(config), max_context_tokens)
+    if not sessions:
+        raise InputError(f"validate: no session of the workload fits max_model_len {max_context_tokens}")
+    sim = simulate(config, sessions)
+    runs = [_replay(config, hardware, sessions, sim, out_dir / f"logs-real-{i}", vocab_size, timeout_s,
+                    config.seed + i, progress) for i in range(repeats)]
+    figures = [compare(run.sessions, sim.result.sessions, run.summary, sim.summary) for run in runs]
+    spread = compare(runs[1].sessions, runs[0].sessions, runs[1].summary, runs[0].summary) if repeats > 1 else None
+    return Validation(Path(config.cluster.perf_model), sim, runs, figures, spread, clipped)
+
+
+def _replay(config: RunConfig, hardware: RunConfig, sessions: list[Session], sim: RunOutput, log_dir: Path,
+            vocab_size: int, timeout_s: float, seed: int, progress: bool) -> ReplayResult:
+    """One real run: the coordinators route by ``config``'s profile; mock engines are
+    timed as ``hardware`` says (what was profiled), not by the profile."""
+    with LocalCluster(config, log_dir, engines_timed_by=hardware) as cluster:
+        model = config.serve.served_model or config.cluster.model
+        return asyncio.run(replay(cluster.urls[0], sessions, model=model, clock=ScaledClock(config.serve.time_scale),
+                                  ttft_slo_s=sim.slo.ttft_s, itl_slo_s=sim.slo.itl_s, scope=config.slo.scope,
+                                  vocab_size=vocab_size, seed=seed, timeout_s=timeout_s, progress=progress,
+                                  plan=sim.plan))
+
