@@ -25,9 +25,7 @@ from ampd.serve.mock_engine import EngineOptions, create_app
 # [our choice] Half speed: a 48-token decode probe lasts about half a wall second, long
 # enough that a client slowed by a loaded machine still reads its window mid-stream.
 MOCK = dict(model="Llama-3.1-8B", gpu="H100-SXM", time_scale=0.5)
-# Short streams: a mock finishes a stream its client left (vLLM aborts it), and the
-# next probe waits for that.
-GRID = ProfileGrid(repeats=1, warmup=1, decode_output_tokens=64, decode_window_tokens=16)
+GRID = ProfileGrid(repeats=1, warmup=1)
 # Sizes between and beyond the probe grid's (within its range).
 CHECK_PREFILL = [(h, n) for h in (0, 300, 1500) for n in (20, 100, 700, 1800)]
 CHECK_DECODE = [(b, b * per_seq) for b in (1, 3, 6, 12) for per_seq in (200, 800)]
@@ -90,7 +88,7 @@ def test_a_decode_engine_that_pauses_for_a_local_prefill_is_told_apart_from_one_
     assert fits["batching"]["mode"] == "alternate"
     assert fits["batching"]["num_probes"] == 1  # one step at the largest size: nothing to search
     grid = ProfileGrid(hist_tokens=(0,), new_tokens=(64, 256, 1024), batch_sizes=(1, 2, 4), decode_prompt_tokens=(128,),
-                       kv_tokens=(), repeats=1, warmup=0, decode_output_tokens=64, decode_window_tokens=16)
+                       kv_tokens=(), repeats=1, warmup=0, decode_output_tokens=64)
     # Slowed to 2 wall s per model s: a chunk's extra ~40 ms of wall time stands well
     # above the jitter of a busy machine.
     decode = create_app(EngineOptions(Role.DECODE, 1, 1, batching="chunked", chunk_tokens=512,

@@ -79,8 +79,10 @@ class ProbedEngine:
             raise ProbeError(f"{self.url}/v1/completions: HTTP {reply.status_code}: {reply.text[:300]}")
         return reply.json()
 
-    async def stream(self, prompt: list[int], max_tokens: int, session: str) -> int:
-        """Stream a completion to its end; the number of tokens it carried.
+    async def stream(self, prompt: list[int], max_tokens: int, session: str, reached: asyncio.Event | None = None,
+                     reach_tokens: int = 0) -> int:
+        """Stream a completion to its end; the number of tokens it carried. Sets
+        ``reached`` once ``reach_tokens`` have arrived.
 
         Raises:
             ProbeError: an HTTP error, an error reply, or fewer tokens than asked.
@@ -95,6 +97,8 @@ class ProbedEngine:
                                      f"{(await reply.aread())[:300]!r}")
                 async for line in reply.aiter_lines():
                     received += _chunk_tokens(line)
+                    if reached is not None and received >= reach_tokens:
+                        reached.set()
         except httpx.HTTPError as exc:
             raise ProbeError(f"{self.url}/v1/completions (stream): {exc!r}") from None
         if received < max_tokens:

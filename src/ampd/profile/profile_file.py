@@ -25,16 +25,17 @@ from ampd.perf.catalog import GpuSpec, ModelSpec
 from ampd.perf.measured import EngineBatching, Measured
 from ampd.perf.model import AlphaBetaPerfModel
 from ampd.perf.topology import default_topology
-from ampd.profile.run import MEASURED_BY_CLIENT, Measurements, ProfileGrid
+from ampd.profile.run import Measurements, ProfileGrid
 
 FORMAT = "ampd.profile/1"
 
 MEASURED_BY = {
     "prefill": "engine: vllm:request_prefill_time_seconds (one request at a time, history from the prefix cache "
                "checked by usage.prompt_tokens_details.cached_tokens)",
-    "decode": "engine: vllm:inter_token_latency_seconds while exactly b requests ran (vllm:num_requests_running)",
+    "decode": "engine: vllm:request_decode_time_seconds of b requests sent together, over their steps",
     "kv": "engine: vllm:nixl_xfer_time_seconds and vllm:nixl_bytes_transferred",
-    "batching": f"client: {MEASURED_BY_CLIENT}",
+    "batching": "engine: vllm:inter_token_latency_seconds buckets, a batch with a local prefill against one "
+                "without",
 }
 
 

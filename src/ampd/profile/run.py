@@ -21,15 +21,12 @@ import numpy as np
 from tqdm import tqdm
 
 from ampd.core.errors import InputError
-from ampd.profile.decode_probe import (DecodePoint, MixedPoint, chunk_budget_tokens, measure_decode_until_seen,
+from ampd.profile.decode_probe import (DecodePoint, MixedPoint, chunk_budget_tokens, measure_decode,
                                       search_chunk_budget)
 from ampd.profile.engine import ProbedEngine, connect
 from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_prefill_points
 from ampd.profile.kv_probe import KvPoint, measure_kv
 from ampd.profile.prefill_probe import PrefillPoint, measure_prefill
-
-
-MEASURED_BY_CLIENT = "client token times of the running streams (the engine reports no per-step time)"
 
 
 @dataclass(frozen=True)
@@ -42,10 +39,8 @@ class ProfileGrid:
     Attributes:
         hist_tokens, new_tokens: the ``T_pre`` grid (every pair), tokens.
         batch_sizes, decode_prompt_tokens: the ``T_dec`` grid (every pair).
-        decode_output_tokens: tokens each stream of a decode probe generates at first
-            (doubled while the window is missed, up to the engine's limit).
-        decode_window_tokens: tokens of the first stream the measurement window spans
-            (the rest is slack for a slow client).
+        decode_output_tokens: tokens each request of a decode probe generates (and the
+            mixed probe's streams at first).
         kv_tokens: prompt sizes of the ``T_kv`` probes, tokens.
         mixed_batch_size, mixed_new_tokens: the mixed-batch probe: streams running,
             and the local prefill that joins them, tokens.
@@ -59,7 +54,6 @@ class ProfileGrid:
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     decode_prompt_tokens: tuple[int, ...] = (128, 512, 1024)
     decode_output_tokens: int = 256
-    decode_window_tokens: int = 32
     kv_tokens: tuple[int, ...] = (128, 256, 512, 1024, 2048)
     mixed_batch_size: int = 4
     mixed_new_tokens: int = 3072
@@ -70,9 +64,8 @@ class ProfileGrid:
         for name in ("repeats", "mixed_batch_size", "mixed_new_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"profile grid: {name} must be >= 1, got {getattr(self, name)}")
-        if not 4 <= self.decode_window_tokens <= self.decode_output_tokens // 2:
-            raise InputError(f"profile grid: decode_window_tokens must be in [4, decode_output_tokens / 2], got "
-                             f"{self.decode_window_tokens} with decode_output_tokens {self.decode_output_tokens}")
+        if self.decode_output_tokens < 8:
+            raise InputError(f"profile grid: decode_output_tokens must be >= 8, got {self.decode_output_tokens}")
 
 
 @dataclass
@@ -101,8 +94,8 @@ async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, s
         decode, decode_print = await connect(decode_url, client, rng)
         prefill, prefill_print = await connect(prefill_url, client, rng) if prefill_url else (None, None)
         limit = int(decode_print.get("max_model_len") or 1 << 30)
-        points, missed = Measurements(), []
-        plan = _plan(grid, limit, decode, prefill, missed)
+        points = Measurements()
+        plan = _plan(grid, limit, decode, prefill)
         with tqdm(total=len(plan), desc="ampd profile", unit="probe", disable=not show_progress) as bar:
             for kind, probe, record in plan:
                 bar.set_postfix_str(kind)
@@ -110,12 +103,11 @@ async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, s
                 if record:
                     getattr(points, kind).extend(point if isinstance(point, list) else [point])
                 bar.update()
-    return points, {"decode_engine": decode_print, "prefill_engine": prefill_print, "decode_windows_missed": missed}
+    return points, {"decode_engine": decode_print, "prefill_engine": prefill_print}
 
 
 
-def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None,
-          missed: list[str]) -> list:
+def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None) -> list:
     """``(kind, probe, record)`` in run order: warm-ups (not recorded) first, then each
     grid point ``repeats`` times, repeats of a point apart so a slow spell of the
     machine does not hit all of them."""
@@ -123,8 +115,7 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
         return lambda: measure_prefill(decode, h, n)
 
     def dec(b: int, p: int):
-        return lambda: measure_decode_until_seen(decode, b, p, grid.decode_output_tokens, grid.decode_window_tokens,
-                                                 limit - p, missed)
+        return lambda: measure_decode(decode, b, p, grid.decode_output_tokens)
 
     def kv(t: int):
         return lambda: measure_kv(prefill, decode, t)
@@ -147,7 +138,7 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
     mixed_output = grid.decode_output_tokens
     if mixed_prompt + mixed_output <= limit:
         plan.append(("mixed", lambda: search_chunk_budget(decode, grid.mixed_batch_size, mixed_prompt, mixed_output,
-                                                          mixed_new), True))
+                                                          mixed_new, limit - mixed_prompt), True))
     return plan
 
 
@@ -172,7 +163,7 @@ def fit(points: Measurements, seed: int) -> dict[str, Any]:
 
 def decode_medians(points: list[DecodePoint]) -> dict[tuple[int, int], tuple[int, float]]:
     """``(context_tokens, step_s)`` per grid point ``(batch_size, prompt_tokens)``:
-    medians over its repeats (whose contexts differ by the few tokens a window holds)."""
+    medians over its repeats."""
     groups: dict[tuple[int, int], list[DecodePoint]] = {}
     for p in points:
         groups.setdefault((p.batch_size, p.prompt_tokens), []).append(p)
@@ -188,7 +179,7 @@ def batching(mixed: list[MixedPoint]) -> dict[str, Any]:
     if not mixed:
         return {"mode": "unmeasured"}
     budget = chunk_budget_tokens(mixed)
-    seen = {"source": MEASURED_BY_CLIENT, "largest_probe_tokens": mixed[0].new_tokens, "num_probes": len(mixed)}
+    seen = {"largest_probe_tokens": mixed[0].new_tokens, "num_probes": len(mixed)}
     if budget is None:
         return {"mode": "alternate", **seen}
     return {"mode": "chunked", "chunk_tokens": budget, **seen}

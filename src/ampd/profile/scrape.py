@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -20,9 +19,9 @@ from ampd.core.errors import AmpdError
 
 PREFILL_TIME = "vllm:request_prefill_time_seconds"
 INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
+DECODE_TIME = "vllm:request_decode_time_seconds"
 KV_XFER_TIME = "vllm:nixl_xfer_time_seconds"
 KV_BYTES = "vllm:nixl_bytes_transferred"
-NUM_RUNNING = "vllm:num_requests_running"
 CACHE_CONFIG = "vllm:cache_config_info"
 
 
@@ -87,24 +86,6 @@ def count_above(before: Snapshot, after: Snapshot, histogram: str, bound: float)
         counts = snapshot.buckets.get(histogram, {})
         return counts.get(math.inf, 0.0) - counts.get(bound, 0.0)
     return above(after) - above(before)
-
-
-async def poll(client: httpx.AsyncClient, url: str, ready: Callable[[Snapshot], bool], timeout_s: float,
-               waiting_for: str) -> Snapshot:
-    """Scrape ``url`` until ``ready(snapshot)``; that snapshot.
-
-    Raises:
-        ProbeError: not ready after ``timeout_s`` seconds (names ``waiting_for``).
-    """
-    loop = asyncio.get_running_loop()
-    deadline_s = loop.time() + timeout_s
-    while True:
-        snapshot = await scrape(client, url)
-        if ready(snapshot):
-            return snapshot
-        if loop.time() > deadline_s:
-            raise ProbeError(f"{url}: no {waiting_for} within {timeout_s:g} s")
-        await asyncio.sleep(0.01)
 
 
 @dataclass(frozen=True)

@@ -241,8 +241,8 @@ class EngineRound:
         cached_tokens: prompt tokens whose KV the engine did not compute.
         kv_transfer_params: what the reply carries (prefill role), else None.
         last_round: free the session's KV when the round ends.
-        submit_s, last_token_s: when it arrived and when its last token so far was
-            out, model seconds (the engine's metrics).
+        submit_s, first_token_s, last_token_s: when it arrived, when its first token
+            was out and its last so far, model seconds (the engine's metrics).
         kv_send_s: a prefill role's KV transfer to its decode engine, model seconds.
     """
 
@@ -255,6 +255,7 @@ class EngineRound:
     events: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
     num_emitted: int = 0
     submit_s: float = 0.0
+    first_token_s: float = 0.0
     last_token_s: float = 0.0
     kv_send_s: float = 0.0
 
@@ -410,18 +411,13 @@ class MockEngine:
         """Sink: the round's first token is out (its KV is on the decode side)."""
         rnd = self.rounds[task.key]
         rnd.emit()
-        rnd.last_token_s = self.loop.now_s
+        rnd.first_token_s = rnd.last_token_s = self.loop.now_s
         self.metrics.prefill_time_s.observe(rnd.last_token_s - rnd.submit_s - rnd.kv_send_s)
-        self._count_running()
         if self.spec.role is Role.PREFILL:
             del self._decode_specs[task.decode_worker]
             self._end(task.key)
         else:
             self.worker.join(task, len(rnd.token_ids))
-
-    def _count_running(self) -> None:
-        """vLLM's ``num_requests_running`` as the mock has it: rounds decoding."""
-        self.metrics.num_requests_running.set(sum(r.num_emitted > 0 for r in self.rounds.values()))
 
     def _tokens(self, keys: Iterable[tuple[str, int]]) -> None:
         """The decode worker's step ended: each of these rounds has its next token."""
@@ -439,7 +435,7 @@ class MockEngine:
     def _end(self, key: tuple[str, int]) -> None:
         session_id = key[0]
         rnd = self.rounds.pop(key)
-        self._count_running()
+        self.metrics.decode_time_s.observe(rnd.last_token_s - rnd.first_token_s)
         rnd.events.put_nowait(None)
         if rnd.last_round:
             self.worker.kv.end_session(session_id)

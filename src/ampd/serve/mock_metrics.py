@@ -39,10 +39,10 @@ class MockEngineMetrics:
         self.registry = CollectorRegistry()
         self.prefill_time_s = Histogram("vllm:request_prefill_time_seconds", "arrival to first token, model s",
                                         registry=self.registry, buckets=_TIME_BUCKETS_S)
+        self.decode_time_s = Histogram("vllm:request_decode_time_seconds", "first to last token, model s",
+                                       registry=self.registry, buckets=_TIME_BUCKETS_S)
         self.inter_token_latency_s = Histogram("vllm:inter_token_latency_seconds", "between two tokens, model s",
                                                registry=self.registry, buckets=_INTER_TOKEN_BUCKETS_S)
-        self.num_requests_running = Gauge("vllm:num_requests_running", "rounds decoding (first token out, "
-                                          "last not yet)", registry=self.registry)
         self.kv_xfer_time_s = Histogram("vllm:nixl_xfer_time_seconds", "one KV transfer, model s",
                                         registry=self.registry, buckets=_TIME_BUCKETS_S)
         self.kv_bytes = Histogram("vllm:nixl_bytes_transferred", "bytes of one KV transfer",
