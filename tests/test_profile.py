@@ -5,12 +5,11 @@ each fitted function is compared with it on sizes the profile never probed."""
 import contextlib
 import json
 import socket
-import threading
-import time
 
 import numpy as np
 import pytest
-import uvicorn
+
+from app_server import serving
 
 from ampd.cli.main import main
 from ampd.cli.profile import QUICK_GRID
@@ -33,28 +32,10 @@ CHECK_KV_TOKENS = (100, 700, 1500)
 
 
 @contextlib.contextmanager
-def _serve(app):
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.005)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(5)
-        sock.close()
-
-
-@contextlib.contextmanager
 def _mock_pair(batching: str = "alternate", chunk_tokens: int = 2048):
     prefill = create_app(EngineOptions(Role.PREFILL, 0, 1, **MOCK))
     decode = create_app(EngineOptions(Role.DECODE, 1, 1, batching=batching, chunk_tokens=chunk_tokens, **MOCK))
-    with _serve(prefill) as p, _serve(decode) as d:
+    with serving(prefill) as p, serving(decode) as d:
         yield p, d, decode.state.engine.perf
 
 
@@ -93,7 +74,7 @@ def test_a_decode_engine_that_pauses_for_a_local_prefill_is_told_apart_from_one_
     # above the jitter of a busy machine.
     decode = create_app(EngineOptions(Role.DECODE, 1, 1, batching="chunked", chunk_tokens=512,
                                       **{**MOCK, "time_scale": 2.0}))
-    with _serve(decode) as d:
+    with serving(decode) as d:
         _, _, chunked = run(d, None, grid, seed=1, show_progress=False)
     # Under a 512-token budget 4 decoding sequences leave 508 tokens a step for the
     # prefill: the search finds 508 as the largest one-step prefill (to within 1.6 %).

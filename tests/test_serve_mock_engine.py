@@ -8,16 +8,14 @@ model times are checked against the simulator without HTTP.
 """
 
 import asyncio
-import contextlib
 import json
 import math
-import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
+
+from app_server import serving
 
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.task import PrefillTask
@@ -331,29 +329,10 @@ def test_bad_options_exit_with_2_naming_them(capsys):
 
 # --- over a real socket -----------------------------------------------------------
 
-@contextlib.contextmanager
-def _serve(app):
-    """``app`` on a free loopback port, in a thread; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 5
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.005)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(5)
-        sock.close()
-
-
 def test_a_client_may_leave_mid_stream_and_the_sequence_decodes_on():
     app = create_app(EngineOptions(Role.DECODE, 0, TP, time_scale=0.05))  # 400 tokens last ~0.6 wall s
     engine, prompt = app.state.engine, list(range(2000))
-    with _serve(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+    with serving(app) as url, httpx.Client(base_url=url, timeout=10) as client:
         with client.stream("POST", "/v1/completions", json=_body(prompt, 400), headers={"X-Session-Id": "d"}) as r:
             first = next(line for line in r.iter_lines() if line.startswith("data: "))
         assert json.loads(first[6:])["choices"][0]["token_ids"] == _expected("d", 2000, 1)

@@ -15,7 +15,7 @@ import pytest
 
 from ampd.cli.replay import wait_until_ready
 from ampd.config import EngineWorker, RunConfig, ServeConfig, load_config, override
-from ampd.experiment import sessions_for
+from ampd.experiment import perf_model_for, sessions_for, slo_for
 from ampd.metrics.report import write_json
 from ampd.serve.clock import ScaledClock
 from ampd.serve.replay import replay_sync
@@ -139,8 +139,9 @@ def test_the_documented_cpu_replay_serves_every_session(vllm, tmp_path):
         url = f"http://127.0.0.1:{port}"
         wait_until_ready(url, 60)
         sessions = sessions_for(config)
-        result = replay_sync(url, sessions, model=MODEL_NAME, clock=ScaledClock(1.0), ttft_slo_s=config.slo.ttft_s,
-                             itl_slo_s=config.slo.itl_s, vocab_size=2048, timeout_s=120)
+        slo = slo_for(config, perf_model_for(config))  # derived from the configuration's profile
+        result = replay_sync(url, sessions, model=MODEL_NAME, clock=ScaledClock(1.0), ttft_slo_s=slo.ttft_s,
+                             itl_slo_s=slo.itl_s, vocab_size=2048, timeout_s=120)
     finally:
         coordinator.terminate()
         coordinator.wait(timeout=30)

@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
 
 from ampd.metrics.records import SessionRecord  # noqa: E402
 from ampd.profile.fit import FitResult, medians  # noqa: E402
@@ -57,6 +58,10 @@ def _plot(curves: list[Curve], fit: FitResult, title: str, xlabel: str, path: Pa
     ax.plot([], [], "o", color="grey", markerfacecolor="none", label="held out of the fit")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    # Plain numbers on both axes: sizes as measured, times in ms (not 2^k or 6x10^1).
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel("time (ms)")
     ax.set_title(f"{title}\nheld-out MAPE {100 * fit.held_out_mape:.1f} %, breakpoints {list(fit.breakpoints)}",

@@ -106,7 +106,6 @@ async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, s
     return points, {"decode_engine": decode_print, "prefill_engine": prefill_print}
 
 
-
 def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None) -> list:
     """``(kind, probe, record)`` in run order: warm-ups (not recorded) first, then each
     grid point ``repeats`` times, repeats of a point apart so a slow spell of the

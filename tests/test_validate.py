@@ -1,0 +1,71 @@
+"""``ampd validate`` end to end on mock engines (the smaller version of
+bench/bench_sim_vs_real.py, which runs real vLLM): a cluster is started, its engines
+profiled, the trace simulated with the profile and replayed twice on fresh clusters.
+
+What is right here, worked out from how the parts are built: the mock engines run the
+simulator's own worker models, timed by the catalog's Llama-3.1-8B on H100, and the
+profile gives that model back within 0.1 % (tests/test_profile.py). So the decode
+steps, and with them every round's mean ITL, are the simulator's; every round is placed
+as the simulator placed it (the router reads the same estimates); no round fails. TTFT is
+not the simulator's: a served round also crosses the coordinator and three HTTP hops
+(12 to 20 ms a round on this machine, bench/results/serve_overhead.json), which the
+simulator does not model; so the served mean TTFT is the simulated one or more."""
+
+import json
+
+import pytest
+
+from ampd.cli.main import main
+from ampd.core.session import Round, Session
+from ampd.profile.validate import clip_to_context
+from ampd.serve.up import free_serve_ports
+
+CONFIG = """system = "ampd-predictive"
+[cluster]
+model = "Llama-3.1-8B"
+gpu = "H100-SXM"
+num_gpus = 2
+deployment = "P:<TP=1,DP=1> D:<TP=1,DP=1>"
+[workload]
+name = "toolbench"
+num_sessions = 12
+rate_per_s = 1.0
+[serve]
+engine = "mock"
+time_scale = 0.5
+port = {port}
+redis_port = {redis_port}
+base_port = {base_port}
+"""
+
+
+def test_validate_on_mock_engines_matches_the_simulator_where_it_models_the_cluster(tmp_path, capsys):
+    config = tmp_path / "mock.toml"
+    config.write_text(CONFIG.format(**free_serve_ports(coordinators=1, engines=2)))
+    code = main(["validate", "--config", str(config), "--quick-profile", "--quiet", "--out", str(tmp_path / "out")])
+    assert code == 0
+    result = json.loads((tmp_path / "out" / "validate.json").read_text())
+    assert result["failed_sessions"] == 0
+    assert (tmp_path / "out" / "profile.json").exists() and (tmp_path / "out" / "sim_vs_real.png").exists()
+    for figures in result["real_vs_sim"]:
+        assert figures["num_sessions"] == 12
+        assert figures["itl_mean_rel_error"] < 0.02
+        assert figures["placement_agreement"] == 1.0
+        assert figures["real_ttft_mean_s"] >= figures["sim_ttft_mean_s"]
+    assert result["real_vs_real"]["placement_agreement"] == 1.0
+    assert "real run 2 vs real run 1" in capsys.readouterr().out
+
+
+def test_rounds_beyond_the_context_are_left_out_and_the_last_kept_round_calls_no_tool():
+    session = Session("s", 0.0, (Round(1000, 100, 2.0), Round(1500, 200, 3.0), Round(2000, 100, 1.0)))
+    # Context after each round: 1,100, 2,800, 4,900 tokens.
+    (kept,), dropped = clip_to_context([session], 4096)
+    assert [r.input_tokens for r in kept.rounds] == [1000, 1500] and dropped == 1
+    assert kept.rounds[-1].tool_s == 0.0 and kept.rounds[0].tool_s == 2.0
+    assert clip_to_context([session], 500) == ([], 3)
+
+
+def test_validate_refuses_no_repeats(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["validate", "--repeats", "0", "--out", str(tmp_path)])
+    assert "--repeats" in capsys.readouterr().err
