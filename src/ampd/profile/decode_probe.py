@@ -109,7 +109,7 @@ async def measure_decode(engine: ProbedEngine, batch_size: int, prompt_tokens: i
     prompts = await _warm(engine, batch_size, prompt_tokens)
     before = await scrape(engine.client, engine.url)
     await asyncio.gather(*(engine.complete(p, output_tokens, s) for p, s in prompts))
-    after = await settled(engine.client, before, DECODE_TIME, batch_size, _SETTLE_TIMEOUT_S)
+    (after,) = await settled(engine.client, [before], DECODE_TIME, batch_size, _SETTLE_TIMEOUT_S)
     decode = delta(before, after, DECODE_TIME)
     steps = batch_size * (output_tokens - 1)
     return DecodePoint(batch_size, prompt_tokens, batch_size * (prompt_tokens + output_tokens // 2),
@@ -130,7 +130,8 @@ async def _batch_run(engine: ProbedEngine, batch_size: int, prompt_tokens: int, 
     await asyncio.gather(*streams)
     # The prefill is a request of its own: one more decode time (of 0 s) to wait for.
     finished = batch_size + (new_tokens is not None)
-    return before, await settled(engine.client, before, DECODE_TIME, finished, _SETTLE_TIMEOUT_S)
+    (after,) = await settled(engine.client, [before], DECODE_TIME, finished, _SETTLE_TIMEOUT_S)
+    return before, after
 
 
 def _overlap(plain: tuple[Snapshot, Snapshot], mixed: tuple[Snapshot, Snapshot], batch_size: int) -> float:

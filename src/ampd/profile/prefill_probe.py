@@ -46,7 +46,7 @@ async def measure_prefill(engine: ProbedEngine, hist_tokens: int, new_tokens: in
         await engine.complete(prompt[:hist_tokens], 1, session)
     before = await scrape(engine.client, engine.url)
     reply = await engine.complete(prompt, 1, session)
-    after = await settled(engine.client, before, PREFILL_TIME, 1, settle_timeout_s)
+    (after,) = await settled(engine.client, [before], PREFILL_TIME, 1, settle_timeout_s)
     hit = cached_tokens(reply, engine.url)
     if hist_tokens and hit == 0:
         raise ProbeError(f"{engine.url}: a {hist_tokens}-token history just sent was not cached: enable "

@@ -107,10 +107,10 @@ def delta(before: Snapshot, after: Snapshot, histogram: str) -> HistogramDelta:
                           after.value(f"{histogram}_count") - before.value(f"{histogram}_count"))
 
 
-async def settled(client: httpx.AsyncClient, before: Snapshot | list[Snapshot], histogram: str, count: int,
-                  timeout_s: float) -> Snapshot | list[Snapshot]:
-    """Scrape until ``histogram`` has gained ``count`` observations since ``before``
-    (over all engines when ``before`` is a list; then returns a list too).
+async def settled(client: httpx.AsyncClient, befores: list[Snapshot], histogram: str, count: int,
+                  timeout_s: float) -> list[Snapshot]:
+    """Scrape every engine of ``befores`` until ``histogram`` has gained ``count``
+    observations over them all; the new snapshots, in the same order.
 
     vLLM records a finished request's timings in the output loop, which may run just
     after the HTTP reply is out; polling waits for them rather than guessing a delay.
@@ -119,7 +119,6 @@ async def settled(client: httpx.AsyncClient, before: Snapshot | list[Snapshot], 
         ProbeError: more than ``count`` observations (another client is using the
             engine), or fewer after ``timeout_s`` seconds.
     """
-    befores = before if isinstance(before, list) else [before]
     urls = ", ".join(b.url for b in befores)
     loop = asyncio.get_running_loop()
     deadline_s = loop.time() + timeout_s
@@ -127,7 +126,7 @@ async def settled(client: httpx.AsyncClient, before: Snapshot | list[Snapshot], 
         afters = [await scrape(client, b.url) for b in befores]
         gained = sum(delta(b, a, histogram).count for b, a in zip(befores, afters))
         if gained == count:
-            return afters if isinstance(before, list) else afters[0]
+            return afters
         if gained > count:
             raise ProbeError(f"{urls}: {histogram} gained {gained:g} observations, expected {count}: "
                              "another client is using the engine; profile an engine nobody else uses")
