@@ -18,30 +18,15 @@ import pytest
 from ampd.cli.main import main
 from ampd.core.session import Round, Session
 from ampd.profile.validate import clip_to_context
-from ampd.serve.up import free_serve_ports
+from run_configs import write_run_config
 
-CONFIG = """system = "ampd-predictive"
-[cluster]
-model = "Llama-3.1-8B"
-gpu = "H100-SXM"
-num_gpus = 2
-deployment = "P:<TP=1,DP=1> D:<TP=1,DP=1>"
-[workload]
-name = "toolbench"
-num_sessions = 12
-rate_per_s = 1.0
-[serve]
-engine = "mock"
-time_scale = 0.5
-port = {port}
-redis_port = {redis_port}
-base_port = {base_port}
-"""
+CLUSTER = {"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2, "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"}
+WORKLOAD = {"name": "toolbench", "num_sessions": 12, "rate_per_s": 1.0}
+SERVE = {"engine": "mock", "time_scale": 0.5}
 
 
 def test_validate_on_mock_engines_matches_the_simulator_where_it_models_the_cluster(tmp_path, capsys):
-    config = tmp_path / "mock.toml"
-    config.write_text(CONFIG.format(**free_serve_ports(coordinators=1, engines=2)))
+    config = write_run_config(tmp_path / "mock.toml", "ampd-predictive", CLUSTER, WORKLOAD, SERVE)
     code = main(["validate", "--config", str(config), "--quick-profile", "--quiet", "--out", str(tmp_path / "out")])
     assert code == 0
     result = json.loads((tmp_path / "out" / "validate.json").read_text())

@@ -14,35 +14,19 @@ them the coordinator's.
 import json
 
 from ampd.cli.main import main
-from ampd.serve.up import free_serve_ports
+from run_configs import write_run_config
 from vllm_servers import ROOT, VLLM_PYTHON, VOCAB, tiny_model
 
-CONFIG = """system = "pd-disagg"
-[cluster]
-perf_model = "{profile}"
-num_gpus = 2
-deployment = "P:<TP=1,DP=1> D:<TP=1,DP=1>"
-[workload]
-name = "toolbench"
-num_sessions = 3
-rate_per_s = 0.5
-[serve]
-engine = "vllm"
-served_model = "tiny-llama"
-vllm_model = "{model}"
-vllm_python = "{python}"
-kv_timeout_s = 120
-port = {port}
-redis_port = {redis_port}
-base_port = {base_port}
-"""
 
 
 def test_validate_on_vllm_places_and_counts_every_round_as_the_simulator(tmp_path, capsys):
-    config = tmp_path / "vllm.toml"
-    config.write_text(CONFIG.format(profile=ROOT / "configs" / "profiles" / "tiny-llama-vllm-cpu.json",
-                                    model=tiny_model(tmp_path), python=VLLM_PYTHON,
-                                    **free_serve_ports(coordinators=1, engines=2)))
+    config = write_run_config(
+        tmp_path / "vllm.toml", "pd-disagg",
+        {"perf_model": str(ROOT / "configs" / "profiles" / "tiny-llama-vllm-cpu.json"), "num_gpus": 2,
+         "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
+        {"name": "toolbench", "num_sessions": 3, "rate_per_s": 0.5},
+        {"engine": "vllm", "served_model": "tiny-llama", "vllm_model": str(tiny_model(tmp_path)),
+         "vllm_python": str(VLLM_PYTHON), "kv_timeout_s": 120})
     out = tmp_path / "out"
     code = main(["validate", "--config", str(config), "--repeats", "1", "--vocab-size", str(VOCAB.stop), "--quiet",
                  "--out", str(out)])
