@@ -161,12 +161,13 @@ def fit(points: Measurements, seed: int) -> dict[str, Any]:
 
 
 def decode_medians(points: list[DecodePoint]) -> dict[tuple[int, int], tuple[int, float]]:
-    """``(context_tokens, step_s)`` per grid point ``(batch_size, prompt_tokens)``:
-    medians over its repeats."""
+    """``(context_tokens, step_s)`` per grid point ``(batch_size, prompt_tokens)``: the
+    median step over its repeats, at the context they share (the grid point and the
+    output length fix it)."""
     groups: dict[tuple[int, int], list[DecodePoint]] = {}
     for p in points:
         groups.setdefault((p.batch_size, p.prompt_tokens), []).append(p)
-    return {key: (round(statistics.median(p.context_tokens for p in ps)), statistics.median(p.step_s for p in ps))
+    return {key: (ps[0].context_tokens, statistics.median(p.step_s for p in ps))
             for key, ps in sorted(groups.items())}
 
 
