@@ -136,7 +136,8 @@ class PolicyConfig(_Strict):
     window_s: float = Field(10.0, gt=0)
     chunk_tokens: int = Field(2048, ge=1, description="token budget of a chunked-prefill step (vllm-chunked, "
                                                       "continuum, cluster.decode_batching = chunked); vLLM's "
-                                                      "default max_num_batched_tokens for serving")
+                                                      "default max_num_batched_tokens for serving, and the "
+                                                      "--max-num-batched-tokens of the vLLM engines ampd up starts")
     pin_ttl_s: float = Field(10.0, ge=0, description="how long continuum pins a session's KV after a round")
     # Dynamo's conditional disaggregation (dynamo-length, dynamo-busy, dynamo-conditional;
     # ThresholdRouter). Defaults: AMPD.md section 5's description of Dynamo's rules.

@@ -100,11 +100,14 @@ def profile_config(config: RunConfig, out_dir: Path, grid: ProfileGrid, progress
         ProbeError: an engine failed a probe.
     """
     model, gpu = resolve_model(config.cluster.model), resolve_gpu(config.cluster.gpu)
+    # The engines ampd starts run the configuration's token budget (vllm_launch, the
+    # mock's decode worker): known, so not searched for.
+    grid = dataclasses.replace(grid, chunk_tokens=config.policy.chunk_tokens)
     with LocalCluster(config, out_dir / "logs-profile") as cluster:
         prefill_url, decode_url = engine_urls(cluster.config)
         points, prints = asyncio.run(measure(decode_url, prefill_url, grid, config.seed, progress))
     tp = next(w.tp for w in cluster.config.serve.workers if w.role == "decode")
-    return write(profile_document(points, prints, fit(points, config.seed), model, gpu, tp, grid, config.seed),
+    return write(profile_document(points, prints, fit(points, config.seed, grid.chunk_tokens), model, gpu, tp, grid, config.seed),
                  out_dir / "profile.json")
 
 
