@@ -28,7 +28,9 @@ Two SLOs:
 Per (SLO, system): steady-state attainment at ``RATES`` and the capacity (highest
 rate with >= 90 % steady-state attainment, ``ampd.measure.capacity``). Gains are
 points of attainment over FCFS with the same router, at rates where both runs are
-stable.
+stable. Also the starvation bound's sensitivity: ``pd-disagg-edf`` under the
+per-round SLO at ``K_RATES`` with ``policy.max_postponements`` in ``KS`` (3 is
+Algorithm 2's bound w, 16 the default, 1,000 never binds here).
 
 Run: ``python bench/bench_reorder.py`` (about 10 minutes on 2 cores) ->
 ``bench/results/reorder.json`` and ``docs/img/reorder.png``.
@@ -53,7 +55,9 @@ from ampd.sweep import capacity_row, resolve_slo, search_capacities  # noqa: E40
 DEPLOYMENT = "P:<TP=2,DP=2> D:<TP=4,DP=1>"
 ROUTERS = {"remote": ("pd-disagg", "pd-disagg-reorder", "pd-disagg-edf"),
            "predictive": ("ampd-predictive-no-reorder", "ampd-predictive", "ampd-predictive-edf")}
-RATES = (0.6, 0.9, 1.05, 1.2)
+RATES = (0.6, 0.75, 0.9, 1.05, 1.2, 1.35)
+KS = (3, 16, 64, 1000)
+K_RATES = (1.05, 1.2)
 PER_ROUND_TTFT_SCALE = 2.0
 PER_ROUND_ITL_SCALE = 100.0
 FIGURE = Path(__file__).resolve().parents[1] / "docs" / "img" / "reorder.png"
@@ -105,11 +109,21 @@ def main() -> None:
             print(f"{slo_name} {s}: " + ", ".join(f"{p['rate_per_s']}: {100 * p['slo_attainment']:.1f}% "
                                                   f"({p['verdict']})" for p in points[s])
                   + f"; capacity {caps[s]['capacity_per_s']:.3g}/s", flush=True)
+    per_round = _slos()["per-round"]
+    k_keys = [(k, r) for k in KS for r in K_RATES]
+    k_rows = run([override(per_round, system="pd-disagg-edf", policy={"max_postponements": k},
+                           workload={"rate_per_s": r}) for k, r in k_keys])
+    sensitivity = [{"max_postponements": k, **{key: row[key] for key in POINT_KEYS}}
+                   for (k, _), row in zip(k_keys, k_rows)]
+    for p in sensitivity:
+        print(f"K {p['max_postponements']} at {p['rate_per_s']}: {100 * p['slo_attainment']:.1f}% ({p['verdict']})")
     plot_attainment(plot_rows, FIGURE, "Llama-3.1-70B / ToolBench / 8 x H20, " + DEPLOYMENT
                     + ": FCFS vs Algorithm 2 vs deadline-aware queues")
     write_result("reorder", {"model": "Llama-3.1-70B", "gpu": "H20", "workload": "toolbench", "num_gpus": 8,
                              "deployment": DEPLOYMENT, "routers": ROUTERS, "rates_per_s": list(RATES),
-                             "slos": results, "figure": str(FIGURE.relative_to(FIGURE.parents[2])),
+                             "slos": results,
+                             "starvation_bound": {"system": "pd-disagg-edf", "slo": "per-round", "points": sensitivity},
+                             "figure": str(FIGURE.relative_to(FIGURE.parents[2])),
                              "wall_s": time.perf_counter() - start})
 
 

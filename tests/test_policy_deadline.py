@@ -25,7 +25,7 @@ def _names(queue):
 
 
 def test_most_tasks_on_time_in_deadline_order():
-    d = DeadlineReorder(1.0).pick(_abcd(), 0.0)
+    d = DeadlineReorder(1.0, 3).pick(_abcd(), 0.0)
     assert d.order == (1, 0) and d.on_time == 3
     after = apply_order(_abcd(), d)
     assert _names(after) == ["B", "A", "C", "D"]
@@ -53,37 +53,37 @@ def test_first_starved_task_is_chosen_so_no_other_starved_task_is_postponed():
 def test_a_task_past_its_deadline_goes_behind_one_that_can_meet_it():
     # H: cost 0.3, deadline 0.1: ends 0.3, late, dropped. F: cost 0.5, deadline 1.0: on time.
     q = [queued(0.3, -0.9, 0, "H"), queued(0.5, 0.0, 0, "F")]
-    d = DeadlineReorder(1.0).pick(q, 0.0)
+    d = DeadlineReorder(1.0, 3).pick(q, 0.0)
     assert d.order == (1, 0) and d.on_time == 1
 
 
 def test_when_no_task_can_meet_its_deadline_the_oldest_runs():
     # X: cost 0.5, deadline 0.2; Y: cost 0.4, deadline 0.1. Both late whatever the order.
     q = [queued(0.5, -0.8, 0, "X"), queued(0.4, -0.9, 0, "Y")]
-    d = DeadlineReorder(1.0).pick(q, 0.0)
+    d = DeadlineReorder(1.0, 3).pick(q, 0.0)
     assert d.order == (0,) and d.on_time == 0
 
 
 def test_start_delay_counts_in_completion():
     # P: cost 0.4, deadline 0.5; Q: cost 0.1, deadline 1.0.
     q = [queued(0.4, -0.5, 0, "P"), queued(0.1, 0.0, 0, "Q")]
-    assert DeadlineReorder(1.0).pick(q, 0.0).order == (0,)  # P ends 0.4, Q 0.5: both on time
-    assert DeadlineReorder(1.0).pick(q, 0.0, start_delay_s=0.2).order == (1, 0)  # P would end 0.6 > 0.5
+    assert DeadlineReorder(1.0, 3).pick(q, 0.0).order == (0,)  # P ends 0.4, Q 0.5: both on time
+    assert DeadlineReorder(1.0, 3).pick(q, 0.0, start_delay_s=0.2).order == (1, 0)  # P would end 0.6 > 0.5
 
 
 def test_equal_deadlines_keep_queue_order():
     q = [queued(0.2, 0.0, 0, "A"), queued(0.1, 0.0, 0, "B")]
-    assert DeadlineReorder(1.0).pick(q, 0.0).order == (0,)
+    assert DeadlineReorder(1.0, 3).pick(q, 0.0).order == (0,)
 
 
 def test_empty_queue_and_bad_bound():
-    assert DeadlineReorder(1.0).pick([], 0.0).order == ()
+    assert DeadlineReorder(1.0, 3).pick([], 0.0).order == ()
     with pytest.raises(ValueError):
         DeadlineReorder(1.0, max_postponements=0)
 
 
 def test_system_builds_it_from_the_slo_and_the_window():
     policy = get_system("ampd-predictive-edf").make_queue_policy(SloThresholds(ttft_s=1.5, itl_s=0.05),
-                                                                 Knobs(reorder_window=4))
+                                                                 Knobs(max_postponements=4))
     assert isinstance(policy, DeadlineReorder)
     assert (policy.ttft_threshold_s, policy.max_postponements) == (1.5, 4)
