@@ -6,9 +6,11 @@ Cell: Llama-3.1-70B, ToolBench, 8 x H20, ``P:<TP=2,DP=2> D:<TP=4,DP=1>`` (the
 deployment of ``bench_steady_state`` and docs/SIMULATOR.md [our choice]: two
 prefill queues that the router can fill).
 
-Two routers, each with the three queue policies:
+Three routers, each with the three queue policies:
 - every prefill remote (``pd-disagg``, ``pd-disagg-reorder``, ``pd-disagg-edf``):
   the prefill queues take whatever arrives, so they hold tasks FCFS would make late;
+- AMPD's routing as published (``ampd-no-reorder``, ``ampd``, ``ampd-edf``): a
+  prefill worker whose 10 s window average is low takes the task, whatever its queue;
 - AMPD's predictive routing (``ampd-predictive-no-reorder``, ``ampd-predictive``,
   ``ampd-predictive-edf``): a prefill is queued remotely only when its predicted
   TTFT there is within alpha x threshold, else it runs locally.
@@ -32,7 +34,7 @@ stable. Also the starvation bound's sensitivity: ``pd-disagg-edf`` under the
 per-round SLO at ``K_RATES`` with ``policy.max_postponements`` in ``KS`` (3 is
 Algorithm 2's bound w, 16 the default, 1,000 never binds here).
 
-Run: ``python bench/bench_reorder.py`` (about 10 minutes on 2 cores) ->
+Run: ``python bench/bench_reorder.py`` (about 12 minutes on one core) ->
 ``bench/results/reorder.json`` and ``docs/img/reorder.png``.
 """
 
@@ -54,6 +56,7 @@ from ampd.sweep import capacity_row, resolve_slo, search_capacities  # noqa: E40
 
 DEPLOYMENT = "P:<TP=2,DP=2> D:<TP=4,DP=1>"
 ROUTERS = {"remote": ("pd-disagg", "pd-disagg-reorder", "pd-disagg-edf"),
+           "adaptive": ("ampd-no-reorder", "ampd", "ampd-edf"),
            "predictive": ("ampd-predictive-no-reorder", "ampd-predictive", "ampd-predictive-edf")}
 RATES = (0.6, 0.75, 0.9, 1.05, 1.2, 1.35)
 KS = (3, 16, 64, 1000)
@@ -85,7 +88,7 @@ def main() -> None:
     start = time.perf_counter()
     run = PointRunner(jobs=1, progress=False)
     systems = [s for trio in ROUTERS.values() for s in trio]
-    results, plot_rows, capacities = {}, [], {}
+    results, plot_rows = {}, []
     for slo_name, base in _slos().items():
         keys = [(s, r) for s in systems for r in RATES]
         rows = run([override(base, system=s, workload={"rate_per_s": r}) for s, r in keys])
@@ -104,7 +107,6 @@ def main() -> None:
                       for router, trio in ROUTERS.items()}}
         label = f"{slo_name} SLO (TTFT {base.slo.ttft_s:.2f} s, {base.slo.scope.value})"
         plot_rows += [{**row, "workload": label} for row in rows]
-        capacities.update({(label, s): caps[s]["capacity_per_s"] for s in systems})
         for s in systems:
             print(f"{slo_name} {s}: " + ", ".join(f"{p['rate_per_s']}: {100 * p['slo_attainment']:.1f}% "
                                                   f"({p['verdict']})" for p in points[s])

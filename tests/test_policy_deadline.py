@@ -3,10 +3,12 @@
 
 import pytest
 
+from ampd.config import EngineWorker, RunConfig, ServeConfig
 from ampd.policy.deadline import DeadlineReorder
 from ampd.policy.reorder import TtftAwareReorder, apply_order
-from ampd.policy.systems import Knobs, get_system
 from ampd.policy.routing import SloThresholds
+from ampd.policy.systems import Knobs, get_system
+from ampd.serve.build import build_coordinator
 from views import queued
 
 # A: cost 0.6, deadline 0.8; B: cost 0.3, deadline 0.9; C: cost 0.2, deadline 1.0; D: cost 0.1, deadline 1.0.
@@ -87,3 +89,16 @@ def test_system_builds_it_from_the_slo_and_the_window():
                                                                  Knobs(max_postponements=4))
     assert isinstance(policy, DeadlineReorder)
     assert (policy.ttft_threshold_s, policy.max_postponements) == (1.5, 4)
+
+
+def test_serving_builds_it_from_the_configuration():
+    workers = [EngineWorker(url="http://127.0.0.1:9", role="prefill"),
+               EngineWorker(url="http://127.0.0.1:9", role="decode")]
+    config = RunConfig(system="ampd-predictive-edf", policy={"max_postponements": 7},
+                       slo={"ttft_s": 1.5, "itl_s": 0.05},
+                       cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2,
+                                "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
+                       workload={"name": "toolbench", "num_sessions": 5}, serve=ServeConfig(workers=workers))
+    policy = build_coordinator(config, "test").dispatcher.queue_policy
+    assert isinstance(policy, DeadlineReorder)
+    assert (policy.ttft_threshold_s, policy.max_postponements) == (1.5, 7)

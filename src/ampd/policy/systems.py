@@ -116,6 +116,8 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            _predictive, _fcfs, needs_prefill_workers=False, adaptive=True),
     System("ampd-no-reorder", "AMPD routing with FCFS queues (ablation)",
            _adaptive, _fcfs, needs_prefill_workers=False, adaptive=True),
+    System("ampd-edf", "AMPD routing with deadline-aware queues (ampd-predictive-edf's; ablation)",
+           _adaptive, _deadline, needs_prefill_workers=False, adaptive=True),
     System("pd-disagg", "plain PD disaggregation (Dynamo): every prefill remote, FCFS",
            _remote, _fcfs),
     System("pd-disagg-reorder", "pd-disagg with TTFT-aware reordering (Alg. 2) on its queues (ablation)",
