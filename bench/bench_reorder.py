@@ -34,7 +34,7 @@ stable. Also the starvation bound's sensitivity: ``pd-disagg-edf`` under the
 per-round SLO at ``K_RATES`` with ``policy.max_postponements`` in ``KS`` (3 is
 Algorithm 2's bound w, 16 the default, 1,000 never binds here).
 
-Run: ``python bench/bench_reorder.py`` (about 12 minutes on one core) ->
+Run: ``python bench/bench_reorder.py`` (about 5 minutes on one core) ->
 ``bench/results/reorder.json`` and ``docs/img/reorder.png``.
 """
 
