@@ -13,7 +13,6 @@ the prefill engine, so rounds 2 and 3 are remote incremental prefills.
 """
 
 import asyncio
-import functools
 import json
 import os
 import random
@@ -34,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ampd.config import EngineWorker, RunConfig, ServeConfig
 from ampd.serve.app import create_app
 from ampd.serve.build import build_coordinator
+from ampd.serve.nixl_warmup import warm_nixl_pair
 from ampd.serve.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready
 from redis_server import free_port
 from vllm_servers import MODEL_NAME, ROOT, VLLM_PYTHON, VOCAB, running, sse_tokens, tiny_model
@@ -84,18 +84,9 @@ def engines(tmp_path_factory):
 
 def _handshake(prefill: str, decode: str) -> None:
     """One transfer each way between the two engines, so the tests do not meet their
-    first NIXL handshake, which has stalled a minute on 2 loaded cores. Against the
-    expiring engine the read back is declined (HTTP 500) after the handshake: fine."""
+    first NIXL handshake, which has stalled a minute on 2 loaded cores."""
     prompt = [VOCAB[i] for i in range(3 * BLOCK_TOKENS)]
-    post = functools.partial(httpx.post, timeout=WARM_UP_TIMEOUT_S)
-    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0}
-    params = post(f"{prefill}/v1/completions", json={**body, "kv_transfer_params": {
-        "do_remote_decode": True, "do_remote_prefill": False}}).json()["kv_transfer_params"]
-    post(f"{decode}/v1/completions", json={**body, "kv_transfer_params": params}).raise_for_status()
-    held = post(f"{decode}/v1/completions", json={**body, "kv_transfer_params": {
-        "do_remote_prefill": False, "do_remote_decode": False}}).json()["kv_transfer_params"]
-    post(f"{prefill}/v1/completions", json={**body, "prompt": prompt + [VOCAB[0]] * BLOCK_TOKENS,
-                                            "kv_transfer_params": {**held, "do_remote_decode": True}})
+    asyncio.run(warm_nixl_pair(prefill, decode, MODEL_NAME, prompt, WARM_UP_TIMEOUT_S))
 
 
 def _reference(model_dir: Path, rounds: list[list[int]]) -> list[list[int]]:

@@ -4,7 +4,9 @@ compare (``ampd.profile.sim_vs_real``).
 
 Each real repeat starts the cluster afresh (cold caches, as the simulator starts) and
 draws fresh prompt ids (``seed + repeat``), so no repeat hits a prefix an earlier one
-left in an engine. Two or more repeats give the repeat-to-repeat spread, the yardstick
+left in an engine; with NIXL engines each pair makes its first contact (one KV
+transfer each way) before the run, since the simulator has no handshakes. Two or more
+repeats give the repeat-to-repeat spread, the yardstick
 for the sim-vs-real errors: a simulator cannot be asked to agree with a cluster more
 closely than the cluster agrees with itself.
 """
@@ -13,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ampd.config import RunConfig, with_perf_model
+import httpx
+
+from ampd.config import EngineWorker, RunConfig, with_perf_model
 from ampd.core.errors import InputError
 from ampd.core.session import Round, Session
 from ampd.experiment import RunOutput, sessions_for, simulate
@@ -28,12 +33,18 @@ from ampd.profile.profile_file import profile_document, write
 from ampd.profile.run import ProfileGrid, fit, measure
 from ampd.profile.sim_vs_real import compare
 from ampd.serve.clock import ScaledClock
+from ampd.serve.nixl_warmup import warm_nixl_pair
 from ampd.serve.replay import ReplayResult, replay
 from ampd.serve.up import LocalCluster
 
+# [our choice] A handshake has taken a minute on 2 loaded cores (docs/SERVING.md,
+# "First contact"); ten leaves room for both directions and a slower machine.
+_FIRST_CONTACT_TIMEOUT_S = 600.0
 # Engine kinds whose prefill engine hands KV to its decode engine over a connector the
 # profiler can time (T_kv); ``vllm`` (ExampleConnector, through files) is not timed.
 _KV_TIMED_ENGINES = ("mock", "vllm-nixl")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -154,6 +165,22 @@ def history_read_min_tokens(config: RunConfig) -> int | None:
     return 0 if engine == "mock" else None
 
 
+def _first_contact(config: RunConfig, workers: list[EngineWorker], model: str, vocab_size: int) -> None:
+    """Every NIXL prefill-decode pair's handshakes, before the run (the simulator has
+    none; ``ampd.serve.nixl_warmup``). A pair that does not make them within
+    ``_FIRST_CONTACT_TIMEOUT_S`` is logged, and its first rounds meet them."""
+    # Long enough to be read rather than recomputed: past the read threshold, whole blocks.
+    tokens = max(96, 2 * config.serve.nixl_kv_recompute_threshold_tokens)
+    prompt = [3 + i % (vocab_size - 3) for i in range(tokens)]  # ids 0-2 are special in most vocabularies
+    for p in (w for w in workers if w.role == "prefill"):
+        for d in (w for w in workers if w.role == "decode"):
+            try:
+                asyncio.run(warm_nixl_pair(p.url, d.url, model, prompt, _FIRST_CONTACT_TIMEOUT_S))
+            except httpx.HTTPError as exc:
+                logger.warning("validate: NIXL first contact %s -> %s failed (%r); its first rounds meet it",
+                               p.url, d.url, exc)
+
+
 def _replay(config: RunConfig, hardware: RunConfig, sessions: list[Session], sim: RunOutput, log_dir: Path,
             vocab_size: int, timeout_s: float, seed: int, progress: bool) -> tuple[ReplayResult, dict[str, Any]]:
     """One real run and its engine-side figures: the coordinators route by
@@ -162,6 +189,8 @@ def _replay(config: RunConfig, hardware: RunConfig, sessions: list[Session], sim
     with LocalCluster(config, log_dir, engines_timed_by=hardware) as cluster:
         model = config.serve.served_model or config.cluster.model
         workers = cluster.config.serve.workers
+        if config.serve.engine == "vllm-nixl":
+            _first_contact(config, workers, model, vocab_size)
         before = asyncio.run(snapshot_engines([w.url for w in workers]))
         run = asyncio.run(replay(cluster.urls[0], sessions, model=model, clock=ScaledClock(config.serve.time_scale),
                                  ttft_slo_s=sim.slo.ttft_s, itl_slo_s=sim.slo.itl_s, scope=config.slo.scope,
