@@ -338,7 +338,7 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     p = config.policy
     knobs = knobs_for(config, perf)
     router = system.make_router(perf, slo, knobs, random.Random(config.seed))
-    options = WorkerOptions(p.window_s, knobs.batching, system.kv_retention, p.pin_ttl_s)
+    options = WorkerOptions(p.window_s, knobs.batching, system.kv_retention, p.pin_ttl_s, slo.itl_s)
     cluster = SimCluster(specs, perf, router, system.make_queue_policy(slo, knobs), options)
     scope = config.slo.scope
     if plan is None:

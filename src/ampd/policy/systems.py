@@ -15,6 +15,7 @@ from ampd.policy.reorder import Fcfs, QueuePolicy, ReturningFirst, TtftAwareReor
 from ampd.policy.routing import (
     AdaptiveRouter, AlwaysLocalRouter, AlwaysRemoteRouter, PredictiveRouter, Router, SloThresholds,
     ThresholdRouter)
+from ampd.policy.slo_routing import SloRouter
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,9 @@ class Knobs:
     beta 0.85, w 3), Dynamo's conditional-disaggregation thresholds
     (``ThresholdRouter``: 2048 tokens, 0.7 of the prompt, 2 waiting tasks) and the
     decode engines' batching the adaptive routers estimate ``t_local`` under
-    (``decode_batching``; default the paper's pause)."""
+    (``decode_batching``; default the paper's pause), and whether those engines
+    take a chunk size per local prefill (``per_task_chunks``: the simulator's do;
+    a served vLLM's token budget is engine-wide, so ``ampd serve`` sets False)."""
 
     alpha: float = 0.9
     beta: float = 0.85
@@ -32,6 +35,7 @@ class Knobs:
     dynamo_max_uncached_ratio: float = 0.7
     dynamo_busy_queue_tasks: int = 2
     batching: Batching = Batching()
+    per_task_chunks: bool = True
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,10 @@ def _predictive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.R
     return PredictiveRouter(perf, slo, rng, knobs.alpha, knobs.beta, knobs.batching)
 
 
+def _slo(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
+    return SloRouter(perf, slo, knobs.alpha, knobs.batching, knobs.per_task_chunks)
+
+
 def _threshold(length_rule: bool, busy_rule: bool) -> Callable[[PerfModel, SloThresholds, Knobs, random.Random],
                                                                 Router]:
     """A maker of Dynamo's threshold router with the given rules and the knobs' thresholds."""
@@ -97,6 +105,9 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            _adaptive, _ttft_aware, needs_prefill_workers=False, adaptive=True),
     System("ampd-predictive", "AMPD with a queue-aware prefill signal (ours, not the paper's) + Alg. 2",
            _predictive, _ttft_aware, needs_prefill_workers=False, adaptive=True),
+    System("ampd-slo", "prefills placed by predicted TTFT and the decode batch's ITL slack, local ones in "
+           "slack-sized chunks (ours, not the paper's) + Alg. 2",
+           _slo, _ttft_aware, needs_prefill_workers=False, batching="chunked", adaptive=True),
     System("ampd-no-reorder", "AMPD routing with FCFS queues (ablation)",
            _adaptive, _fcfs, needs_prefill_workers=False, adaptive=True),
     System("pd-disagg", "plain PD disaggregation (Dynamo): every prefill remote, FCFS",
