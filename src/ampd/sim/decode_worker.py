@@ -146,6 +146,11 @@ class SimDecodeWorker:
         if self._itl_slo_s is None:
             return None
         keys = self._slack_keys
+        if len(keys) > 2 * len(self._running) + 64:
+            # Later joiners get smaller constants, so finished sequences sink and would
+            # never reach the top to be popped: rebuild from the live ones now and then.
+            keys[:] = [k for k in keys if (k[1], k[2]) in self._running]
+            heapq.heapify(keys)
         while keys and (keys[0][1], keys[0][2]) not in self._running:
             heapq.heappop(keys)
         # Sequences whose first gap has not ended yet still have the slack they came with.
