@@ -102,6 +102,9 @@ class SloRouter:
             when its token budget is engine-wide (vLLM's
             ``max_num_batched_tokens``, served), so the estimate uses that budget
             and the decision carries none.
+
+    Raises (``route``):
+        KeyError: the task's decode worker is not in the view.
     """
 
     def __init__(self, perf: PerfModel, slo: SloThresholds, alpha: float = 0.9, batching: Batching = Batching(),
