@@ -87,8 +87,9 @@ class SloRouter:
        option is ITL-safe (no prefill worker and a batch without slack), local in
        the least damaging chunk.
 
-    Slack unknown (``min_itl_slack_s`` None: the coordinator's view) reads 0:
-    every stretched gap must then stay within the threshold, Kairos's per-gap rule.
+    Slack unknown (``min_itl_slack_s`` None: the coordinator's view, or the strict
+    scope) reads 0: the stretched gaps must then give back what they take beyond
+    the threshold, close to Kairos's per-gap rule.
 
     Args:
         perf: cost functions.
