@@ -51,8 +51,7 @@ PARITY_RATE_PER_S = 0.6
 PARITY_MEASURE = {"warmup_s": 36.0, "window_s": 240.0, "drain_s": 120.0}
 
 
-@pytest.mark.parametrize("system", ["ampd-predictive", "ampd-slo"])
-def test_a_steady_state_window_through_two_replicas_matches_the_simulator(tmp_path, system):
+def test_a_steady_state_window_through_two_replicas_matches_the_simulator(tmp_path):
     """The same sessions, arrivals and window through the simulator and through two
     coordinator replicas on Redis and mock engines, both measured over that window at
     a rate the deployment carries (the window is too short for a steady-state verdict:
@@ -65,12 +64,8 @@ def test_a_steady_state_window_through_two_replicas_matches_the_simulator(tmp_pa
     session near its threshold across it. The same inputs flip a round's placement
     (local or remote) only near Algorithm 1's thresholds, so at least 85 % of rounds
     must be placed as the simulator placed them. bench/bench_serve_parity.py runs a
-    longer window and records the figures (bench/results/serve_parity.json).
-    ``ampd-slo`` served sees no decode batch (docs/SIMULATOR.md, "SLO routing"): at this
-    rate its prefill workers meet the TTFT SLO for nearly every round, so both runtimes
-    place nearly every round remote by the same rule."""
-    config = serving(override(BASE, system=system,
-                              workload={"num_sessions": None, "rate_per_s": PARITY_RATE_PER_S},
+    longer window and records the figures (bench/results/serve_parity.json)."""
+    config = serving(override(BASE, workload={"num_sessions": None, "rate_per_s": PARITY_RATE_PER_S},
                               measure=PARITY_MEASURE), time_scale=0.5)
     sim = simulate(config)
     with LocalCluster(config, tmp_path, coordinators=2) as cluster:
