@@ -178,8 +178,11 @@ class SloRouter:
     def _run(self, task: PrefillTask, decode: WorkerView, chunk_tokens: int | None) -> tuple[float, float]:
         """(TTFT from its start, slack spent) of ``task`` on ``decode``'s batch in
         chunks of ``chunk_tokens`` (None: the engine's batching as it is)."""
-        # A budget of chunk + batch makes every step carry ``chunk_tokens`` of prefill.
-        batching = self.batching if chunk_tokens is None else Batching("chunked", chunk_tokens + decode.batch_size)
+        # A budget of chunk + batch makes every step carry ``chunk_tokens`` of prefill, within
+        # the engine's (a queued task's chunk was chosen beside a batch that may have grown).
+        batching = self.batching
+        if chunk_tokens is not None:
+            batching = Batching("chunked", min(chunk_tokens + decode.batch_size, self.batching.chunk_tokens))
         tp = decode.spec.tp
         run = local_prefill(self.perf, tp, batching, task.hist_tokens, task.new_tokens, decode.batch_size,
                             decode.context_tokens)
