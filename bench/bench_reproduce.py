@@ -4,7 +4,12 @@ and with ``--full`` also of the full grid into ``out/reproduce`` (the run
 docs/RESULTS.md quotes), each with its number of simulations and when it ran. Without
 ``--full`` the last full run's figures are kept as they were measured.
 
-Run: ``python bench/bench_reproduce.py [--full]`` -> ``bench/results/reproduce.json``.
+Also copies the full run's per-cell summary (``out/reproduce/summary.json``, written by
+``ampd reproduce``: every system's capacity and mean attainment per cell) into
+``bench/results/reproduce_summary.json``, with when that run was measured.
+
+Run: ``python bench/bench_reproduce.py [--full]`` -> ``bench/results/reproduce.json``,
+``bench/results/reproduce_summary.json``.
 """
 
 from __future__ import annotations
@@ -50,6 +55,14 @@ def main() -> None:
         shutil.rmtree(FULL_OUT, ignore_errors=True)
         runs["full"] = _timed([], FULL_OUT)
     write_result("reproduce", {"runs": runs, "targets_min": {"quick": 5, "full": 60}})
+    write_summary(runs["full"]["measured_at"])
+
+
+def write_summary(full_measured_at: str) -> None:
+    """``bench/results/reproduce_summary.json`` from the full run's ``summary.json``."""
+    summary = json.loads((FULL_OUT / "summary.json").read_text())
+    write_result("reproduce_summary", {"run": "out/reproduce (ampd reproduce, full grid)",
+                                       "run_measured_at": full_measured_at, **summary})
 
 
 if __name__ == "__main__":

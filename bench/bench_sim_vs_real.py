@@ -5,7 +5,11 @@ run on fresh servers and fresh prompt ids), through ``ampd validate``'s code.
 
 The trace: 24 ToolBench-like sessions (``ampd-predictive``, Poisson arrivals at 0.25
 sessions/s, seed 0; rounds beyond the tiny model's 4,096-token context left out on
-both sides). SLO thresholds derived from the profile by the usual rule.
+both sides). SLO thresholds derived from the profile by the usual rule. ``engine_side`` holds each
+real run's engine counters (``ampd.profile.engine_side``): where the gap lies.
+
+Run it on an otherwise idle machine: the engines, the coordinator and the client share
+its cores, and another job's load shows up as the cluster's latency.
 
 Run: ``python bench/bench_sim_vs_real.py`` (after bench_profile.py; ~10 min)
 -> ``bench/results/sim_vs_real.json``.
@@ -66,7 +70,7 @@ def main() -> None:
         "workload": "toolbench", "rate_per_s": RATE_PER_S, "num_sessions": result.figures[0]["num_sessions"],
         "clipped_rounds": result.clipped_rounds, "ttft_slo_s": result.sim.slo.ttft_s, "itl_slo_s": result.sim.slo.itl_s,
         "failed_sessions": sum(len(r.failed) for r in result.runs), **worst,
-        "real_vs_sim": result.figures, "real_repeat_spread": result.spread})
+        "real_vs_sim": result.figures, "real_repeat_spread": result.spread, "engine_side": result.engine_side})
 
 
 if __name__ == "__main__":

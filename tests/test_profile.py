@@ -18,7 +18,7 @@ from ampd.core.errors import InputError
 from ampd.perf.perf_file import load_perf_model
 from ampd.profile.decode_probe import MixedPoint, chunk_budget_tokens
 from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, split
-from ampd.profile.run import ProfileGrid, run
+from ampd.profile.run import ProfileGrid, batching, run
 from ampd.serve.mock_engine import EngineOptions, create_app
 
 # [our choice] Half speed: a 48-token decode probe lasts about half a wall second, long
@@ -90,6 +90,20 @@ def test_chunk_budget_is_the_largest_one_step_prefill_plus_the_batch():
                                 probe(480, 1), probe(528, 2), probe(504, 1)]) == 504 + 4
     assert chunk_budget_tokens([probe(3072, 1)]) is None  # one step: a pause, or a budget above 3072
     assert chunk_budget_tokens([]) is None
+
+
+def test_a_budget_the_engine_was_started_with_is_taken_when_the_probe_sees_chunks():
+    def probe(new_tokens, steps):
+        return MixedPoint(4, new_tokens, 0.01, 0.025, steps)
+    # 3,072 tokens beside 4 sequences under a 512-token budget: ceil(3072 / 508) = 7 steps.
+    assert batching([probe(3072, 7)], known_chunk_tokens=512) == {
+        "mode": "chunked", "chunk_tokens": 512, "chunk_tokens_from": "engine configuration",
+        "largest_probe_tokens": 3072, "num_probes": 1}
+    # What the engine did wins over what it was said to run: one step is a pause.
+    assert batching([probe(3072, 1)], known_chunk_tokens=512)["mode"] == "alternate"
+    assert batching([probe(3072, 7), probe(1536, 4), probe(504, 1)])["chunk_tokens_from"] == "search"
+    with pytest.raises(InputError, match="chunk_tokens"):
+        ProfileGrid(chunk_tokens=4)
 
 
 def test_breakpoints_are_found_where_the_slope_changes():

@@ -87,3 +87,29 @@ def test_tiny_reproduce_end_to_end_and_resume(tmp_path, monkeypatch):
     cached = sorted(p.name for p in (tmp_path / "points").iterdir())
     assert main(argv) == 0  # a second run reads every point back
     assert sorted(p.name for p in (tmp_path / "points").iterdir()) == cached
+
+
+def test_the_cell_summary_reads_capacities_and_counts_an_unstable_rate_as_nothing_attained():
+    def row(cell, system, attainment, verdict="stable"):
+        return {"cell": cell, "system": system, "slo_attainment": attainment, "verdict": verdict}
+
+    def capacity(cell, system, per_s, reference_per_s):
+        return {"cell": cell, "system": system, "capacity_per_s": per_s, "reference_per_s": reference_per_s}
+
+    grid_rows = [row("A", "x", 1.0), row("A", "x", 0.8), row("A", "y", 0.9), row("A", "y", 0.5, "unstable"),
+                 row("B", "x", 0.6), row("B", "y", 0.7)]
+    capacities = [capacity("A", "x", 2.0, 1.0), capacity("A", "y", 2.0, 1.0), capacity("B", "x", 1.0, 2.0),
+                  capacity("B", "y", 3.0, 2.0)]
+    summary = analysis.cell_summary(grid_rows, capacities)
+    a, b = summary["cells"]
+    assert a["best"] == ["x", "y"] and b["best"] == ["y"]  # a tie counts for each
+    # y in A: (0.9 + 0 for the unstable rate) / 2 = 45 %.
+    assert a["systems"]["y"] == {"capacity_per_s": 2.0, "mean_attainment_pct": pytest.approx(45.0),
+                                 "unstable_rates": 1, "num_rates": 2}
+    by_system = {r["system"]: r for r in summary["systems"]}
+    # x: capacity over reference (2 / 1 + 1 / 2) / 2 = 1.25; attainment (90 + 60) / 2 = 75 %.
+    assert by_system["x"]["capacity_over_reference"] == pytest.approx(1.25)
+    assert by_system["x"]["mean_attainment_pct"] == pytest.approx(75.0)
+    # y: (2 / 1 + 3 / 2) / 2 = 1.75, best in both cells, listed first.
+    assert summary["systems"][0]["system"] == "y" and by_system["y"]["best_cells"] == 2
+    assert by_system["y"]["capacity_over_reference"] == pytest.approx(1.75)

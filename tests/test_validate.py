@@ -18,30 +18,15 @@ import pytest
 from ampd.cli.main import main
 from ampd.core.session import Round, Session
 from ampd.profile.validate import clip_to_context
-from ampd.serve.up import free_serve_ports
+from run_configs import write_run_config
 
-CONFIG = """system = "ampd-predictive"
-[cluster]
-model = "Llama-3.1-8B"
-gpu = "H100-SXM"
-num_gpus = 2
-deployment = "P:<TP=1,DP=1> D:<TP=1,DP=1>"
-[workload]
-name = "toolbench"
-num_sessions = 12
-rate_per_s = 1.0
-[serve]
-engine = "mock"
-time_scale = 0.5
-port = {port}
-redis_port = {redis_port}
-base_port = {base_port}
-"""
+CLUSTER = {"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2, "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"}
+WORKLOAD = {"name": "toolbench", "num_sessions": 12, "rate_per_s": 1.0}
+SERVE = {"engine": "mock", "time_scale": 0.5}
 
 
 def test_validate_on_mock_engines_matches_the_simulator_where_it_models_the_cluster(tmp_path, capsys):
-    config = tmp_path / "mock.toml"
-    config.write_text(CONFIG.format(**free_serve_ports(coordinators=1, engines=2)))
+    config = write_run_config(tmp_path / "mock.toml", "ampd-predictive", CLUSTER, WORKLOAD, SERVE)
     code = main(["validate", "--config", str(config), "--quick-profile", "--quiet", "--out", str(tmp_path / "out")])
     assert code == 0
     result = json.loads((tmp_path / "out" / "validate.json").read_text())
@@ -53,7 +38,19 @@ def test_validate_on_mock_engines_matches_the_simulator_where_it_models_the_clus
         assert figures["placement_agreement"] == 1.0
         assert figures["real_ttft_mean_s"] >= figures["sim_ttft_mean_s"]
     assert result["real_vs_real"]["placement_agreement"] == 1.0
-    assert "real run 2 vs real run 1" in capsys.readouterr().out
+    for side in result["engine_side"]:
+        # The engines' own counters: the decode engines' inter-token histogram times the
+        # simulator's decode steps; each remote round is one prefill on the prefill
+        # engine, timed by the catalog model the quick profile recovers within 5 %
+        # (tests/test_profile.py; the mock's counter runs from arrival, and at this
+        # light load a wait for the worker is rare).
+        assert side["itl_engine_s"] == pytest.approx(side["itl_sim_s"], rel=0.02)
+        assert side["remote_prefills_engine"] == side["remote_rounds"] > 0
+        assert side["remote_prefill_engine_s"] == pytest.approx(side["remote_prefill_model_s"], rel=0.05)
+        assert side["kv_xfers_engine"] == side["remote_rounds"]
+    assert (tmp_path / "out" / "rounds-sim.csv").exists() and (tmp_path / "out" / "rounds-real-2.csv").exists()
+    out = capsys.readouterr().out
+    assert "real run 2 vs real run 1" in out and "where the gap lies" in out
 
 
 def test_rounds_beyond_the_context_are_left_out_and_the_last_kept_round_calls_no_tool():

@@ -136,8 +136,11 @@ class PolicyConfig(_Strict):
     window_s: float = Field(10.0, gt=0)
     chunk_tokens: int = Field(2048, ge=1, description="token budget of a chunked-prefill step (vllm-chunked, "
                                                       "continuum, cluster.decode_batching = chunked); vLLM's "
-                                                      "default max_num_batched_tokens for serving")
+                                                      "default max_num_batched_tokens for serving, and the "
+                                                      "--max-num-batched-tokens of the vLLM engines ampd up starts")
     pin_ttl_s: float = Field(10.0, ge=0, description="how long continuum pins a session's KV after a round")
+    max_postponements: int = Field(16, ge=1, description="deadline-aware queues (ampd-predictive-edf, ampd-edf, "
+                                   "pd-disagg-edf): a task passed this many times runs next (starvation bound)")
     # Dynamo's conditional disaggregation (dynamo-length, dynamo-busy, dynamo-conditional;
     # ThresholdRouter). Defaults: AMPD.md section 5's description of Dynamo's rules.
     dynamo_max_local_prefill_tokens: int = Field(2048, ge=1, description="length rule: an uncached prefill of "
@@ -150,7 +153,7 @@ class PolicyConfig(_Strict):
     def knobs(self) -> Knobs:
         """The systems' constants (``ampd.policy.systems.Knobs``) these fields set."""
         return Knobs(self.alpha, self.beta, self.reorder_window, self.dynamo_max_local_prefill_tokens,
-                     self.dynamo_max_uncached_ratio, self.dynamo_busy_queue_tasks)
+                     self.dynamo_max_uncached_ratio, self.dynamo_busy_queue_tasks, self.max_postponements)
 
 
 class WorkloadConfig(_Strict):

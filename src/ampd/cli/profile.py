@@ -24,6 +24,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     grid = QUICK_GRID if args.quick else ProfileGrid()
     if args.repeats is not None:
         grid = dataclasses.replace(grid, repeats=args.repeats)
+    if args.max_num_batched_tokens is not None:
+        grid = dataclasses.replace(grid, chunk_tokens=args.max_num_batched_tokens)
     points, fingerprints, fits = run(args.decode_url, args.prefill_url, grid, args.seed, not args.quiet)
     document = profile_document(points, fingerprints, fits, model, gpu, args.tp, grid, args.seed)
     path = write(document, out_dir / "profile.json")
@@ -34,7 +36,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     print_table(fit_table(f"profile of {title}", [(name, fit) for name, fit in named if fit is not None]))
     mode = fits["batching"]
     print(f"local prefill on the decode engine: {mode['mode']}"
-          + (f", about {mode['chunk_tokens']} tokens per step" if mode["mode"] == "chunked" else ""))
+          + (f", {mode['chunk_tokens']} tokens per step (from the {mode['chunk_tokens_from']})"
+             if mode["mode"] == "chunked" else ""))
     print(f"profile in {path} (use it with --perf-model {path}); plots: {', '.join(p.name for p in plots)}")
 
 
@@ -52,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=positive_int, default=1, help="the engines' tensor-parallel degree (default 1)")
     p.add_argument("--quick", action="store_true", help="a small grid, one repeat (about a minute on a CPU)")
     p.add_argument("--repeats", type=positive_int, help="probes per grid point (default 3; 1 with --quick)")
+    p.add_argument("--max-num-batched-tokens", type=positive_int,
+                   help="the decode engine's token budget per step, as it was started with (vLLM does not report "
+                        "it); default: searched for with mixed probes, which a noisy machine can mislead")
     p.add_argument("--seed", type=int, default=0, help="prompts and the held-out split (default 0)")
     p.add_argument("--out", help="output folder (default out/profile)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

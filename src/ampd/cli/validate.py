@@ -11,7 +11,7 @@ from rich.table import Table
 from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_float, positive_int
 from ampd.cli.profile import QUICK_GRID
 from ampd.cli.tables import print_table
-from ampd.metrics.report import write_json
+from ampd.metrics.report import round_rows, write_csv, write_json
 from ampd.profile.plots import plot_sim_vs_real
 from ampd.profile.run import ProfileGrid
 from ampd.profile.validate import validate
@@ -27,6 +27,23 @@ _ROWS = (("mean TTFT, relative error", "ttft_mean_rel_error", "{:.1%}"),
          ("local prefill share (first side)", "local_share_real", "{:.1%}"),
          ("local prefill share (second side)", "local_share_sim", "{:.1%}"),
          ("sessions compared", "num_sessions", "{}"))
+# The engines' own counters per real run (ampd.profile.engine_side): where a gap lies.
+_ENGINE_ROWS = (("ITL, simulated (ms)", "itl_sim_s", 1e3), ("ITL, decode engines' counter (ms)", "itl_engine_s", 1e3),
+                ("ITL, client (ms)", "itl_client_s", 1e3),
+                ("remote prefill, profile's T_pre (ms)", "remote_prefill_model_s", 1e3),
+                ("remote prefill, prefill engines' counter (ms)", "remote_prefill_engine_s", 1e3),
+                ("remote rounds / prefills the engines counted", ("remote_rounds", "remote_prefills_engine"), None),
+                ("KV transfer, engines' counter (ms)", "kv_xfer_engine_s", 1e3),
+                ("KV transfers the engines counted", "kv_xfers_engine", None))
+
+
+def _engine_cell(side: dict, key: str | tuple[str, str], scale: float | None) -> str:
+    if isinstance(key, tuple):
+        return " / ".join(str(side[k]) for k in key)
+    value = side[key]
+    if value is None:
+        return "-"
+    return f"{value * scale:.1f}" if scale else str(value)
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
@@ -47,15 +64,26 @@ def cmd_validate(args: argparse.Namespace) -> None:
         cells = [form.format(f[key]) for f in result.figures]
         table.add_row(label, *cells, *([form.format(result.spread[key])] if result.spread else []))
     print_table(table)
+    engines = Table(title="where the gap lies: the engines' own counters over each real run")
+    engines.add_column("figure")
+    for i in range(len(result.engine_side)):
+        engines.add_column(f"real run {i + 1}", justify="right")
+    for label, key, scale in _ENGINE_ROWS:
+        engines.add_row(label, *(_engine_cell(side, key, scale) for side in result.engine_side))
+    print_table(engines)
     failed = sum(len(run.failed) for run in result.runs)
     write_json(out_dir / "validate.json", {
         "config": config.model_dump(mode="json"), "profile": str(result.profile_path),
         "sim_verdict": result.sim.stability.verdict, "clipped_rounds": result.clipped_rounds,
-        "real_vs_sim": result.figures, "real_vs_real": result.spread, "failed_sessions": failed})
+        "real_vs_sim": result.figures, "real_vs_real": result.spread, "engine_side": result.engine_side,
+        "failed_sessions": failed})
+    write_csv(out_dir / "rounds-sim.csv", round_rows(result.sim.result.sessions))
+    for i, run in enumerate(result.runs):
+        write_csv(out_dir / f"rounds-real-{i + 1}.csv", round_rows(run.sessions))
     plot = plot_sim_vs_real([run.sessions for run in result.runs], result.sim.result.sessions,
                             f"{config.system} on {config.cluster.deployment}", out_dir / "sim_vs_real.png")
     print(f"{failed} sessions failed in the real runs" if failed else "no session failed in the real runs")
-    print(f"results in {out_dir}/ (validate.json, {plot.name}, profile and logs)")
+    print(f"results in {out_dir}/ (validate.json, {plot.name}, rounds-sim.csv, rounds-real-*.csv, profile and logs)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

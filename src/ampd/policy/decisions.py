@@ -70,8 +70,10 @@ class ReorderDecision:
         order: permutation of the window: ``order[k]`` is the index (in the current
             queue) of the task placed at position k. Tasks past the window keep
             their place.
-        on_time: predicted number of window tasks meeting the TTFT threshold
-            (``S_pi`` of the chosen order).
+        on_time: predicted number of tasks meeting the TTFT threshold: of the
+            window (``S_pi`` of the chosen order, Algorithm 2), or of the whole
+            queue (``DeadlineReorder``; 0 when its starvation bound or its
+            past-deadline rule decided).
     """
 
     order: tuple[int, ...]

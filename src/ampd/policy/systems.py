@@ -11,6 +11,7 @@ from ampd.core.errors import InputError
 from ampd.core.names import unknown_name
 from ampd.perf.interface import PerfModel
 from ampd.policy.batching import Batching, measured_batching
+from ampd.policy.deadline import DeadlineReorder
 from ampd.policy.reorder import Fcfs, QueuePolicy, ReturningFirst, TtftAwareReorder
 from ampd.policy.routing import (
     AdaptiveRouter, AlwaysLocalRouter, AlwaysRemoteRouter, PredictiveRouter, Router, SloThresholds,
@@ -22,8 +23,10 @@ from ampd.policy.slo_routing import SloRouter
 class Knobs:
     """The systems' constants: AMPD's hyper-parameters (paper defaults: alpha 0.9,
     beta 0.85, w 3), Dynamo's conditional-disaggregation thresholds
-    (``ThresholdRouter``: 2048 tokens, 0.7 of the prompt, 2 waiting tasks) and the
-    decode engines' batching the adaptive routers estimate ``t_local`` under
+    (``ThresholdRouter``: 2048 tokens, 0.7 of the prompt, 2 waiting tasks), the
+    deadline-aware queues' starvation bound (``DeadlineReorder``: 16 postponements,
+    [our choice], measured in docs/RESULTS.md, "Where reordering earns its keep") and
+    the decode engines' batching the adaptive routers estimate ``t_local`` under
     (``decode_batching``; default the paper's pause), and whether those engines
     take a chunk size per local prefill (``per_task_chunks``: the simulator's do;
     a served vLLM's token budget is engine-wide, so ``ampd serve`` sets False)."""
@@ -34,6 +37,7 @@ class Knobs:
     dynamo_max_local_prefill_tokens: int = 2048
     dynamo_max_uncached_ratio: float = 0.7
     dynamo_busy_queue_tasks: int = 2
+    max_postponements: int = 16
     batching: Batching = Batching()
     per_task_chunks: bool = True
 
@@ -92,6 +96,10 @@ def _local(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random
     return AlwaysLocalRouter()
 
 
+def _remote(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
+    return AlwaysRemoteRouter()
+
+
 def _fcfs(slo: SloThresholds, knobs: Knobs) -> QueuePolicy:
     return Fcfs()
 
@@ -100,18 +108,33 @@ def _ttft_aware(slo: SloThresholds, knobs: Knobs) -> QueuePolicy:
     return TtftAwareReorder(slo.ttft_s, knobs.reorder_window)
 
 
+def _deadline(slo: SloThresholds, knobs: Knobs) -> QueuePolicy:
+    return DeadlineReorder(slo.ttft_s, knobs.max_postponements)
+
+
 SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("ampd", "AMPD: adaptive routing (Alg. 1) + TTFT-aware reordering (Alg. 2)",
            _adaptive, _ttft_aware, needs_prefill_workers=False, adaptive=True),
     System("ampd-predictive", "AMPD with a queue-aware prefill signal (ours, not the paper's) + Alg. 2",
            _predictive, _ttft_aware, needs_prefill_workers=False, adaptive=True),
+    System("ampd-predictive-edf", "AMPD's predictive routing + deadline-aware queues: most tasks on time over "
+           "the whole queue, EDF, starvation bound (ours)",
+           _predictive, _deadline, needs_prefill_workers=False, adaptive=True),
+    System("ampd-predictive-no-reorder", "ampd-predictive with FCFS queues (ablation)",
+           _predictive, _fcfs, needs_prefill_workers=False, adaptive=True),
     System("ampd-slo", "prefills placed by predicted TTFT and the decode batch's ITL slack, local ones in "
            "slack-sized chunks (ours, not the paper's) + Alg. 2",
            _slo, _ttft_aware, needs_prefill_workers=False, batching="chunked", adaptive=True),
     System("ampd-no-reorder", "AMPD routing with FCFS queues (ablation)",
            _adaptive, _fcfs, needs_prefill_workers=False, adaptive=True),
+    System("ampd-edf", "AMPD routing with deadline-aware queues (ampd-predictive-edf's; ablation)",
+           _adaptive, _deadline, needs_prefill_workers=False, adaptive=True),
     System("pd-disagg", "plain PD disaggregation (Dynamo): every prefill remote, FCFS",
-           lambda perf, slo, knobs, rng: AlwaysRemoteRouter(), _fcfs),
+           _remote, _fcfs),
+    System("pd-disagg-reorder", "pd-disagg with TTFT-aware reordering (Alg. 2) on its queues (ablation)",
+           _remote, _ttft_aware),
+    System("pd-disagg-edf", "pd-disagg with deadline-aware queues (ampd-predictive-edf's; ablation)",
+           _remote, _deadline),
     System("dynamo-length", "Dynamo conditional disaggregation: local when the uncached prefill is short "
            "(policy.dynamo_max_local_prefill_tokens, dynamo_max_uncached_ratio)",
            _threshold(length_rule=True, busy_rule=False), _fcfs),

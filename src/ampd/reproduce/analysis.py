@@ -146,3 +146,43 @@ def mean_capacity(capacities: Sequence[dict]) -> list[dict]:
                     "capacity_per_gpu_mean": _mean([r["capacity_per_gpu"] for r in group]),
                     "num_cells": len(group)})
     return sorted(out, key=lambda r: -r["capacity_over_reference"])
+
+
+def cell_summary(grid_rows: Sequence[dict], capacities: Sequence[dict]) -> dict:
+    """Per cell, every system's capacity (sessions/s) and its mean steady-state
+    attainment over the cell's rates; over the grid, each system's mean capacity over
+    the cell's reference, mean attainment and the cells where its capacity is the
+    highest (ties count for each). What ``summary.json`` holds (issue 12).
+
+    An unstable run's queues grow without bound, so its steady-state attainment is 0
+    [our choice: the limit of a run that grows longer; the figure it read over its
+    finite window depends on the window]; ``unstable_rates`` says how many there were.
+    A system the grid did not find a capacity for in a cell is left out of that cell's
+    best.
+    """
+    capacity = {(r["cell"], r["system"]): r for r in capacities}
+    cells: dict[str, dict] = {}
+    for (cell, system), runs in _by(grid_rows, "cell", "system").items():
+        entry = cells.setdefault(cell, {"cell": cell, "systems": {}})
+        found = capacity.get((cell, system))
+        if found is not None:
+            entry["reference_per_s"] = found["reference_per_s"]
+        entry["systems"][system] = {
+            "capacity_per_s": found["capacity_per_s"] if found else None,
+            "mean_attainment_pct": 100 * _mean([r["slo_attainment"] if r["verdict"] == STABLE else 0.0 for r in runs]),
+            "unstable_rates": sum(r["verdict"] != STABLE for r in runs), "num_rates": len(runs)}
+    for entry in cells.values():
+        found = {s: v["capacity_per_s"] for s, v in entry["systems"].items() if v["capacity_per_s"] is not None}
+        top = max(found.values(), default=None)
+        entry["best"] = sorted(s for s, c in found.items() if c == top)
+    systems = sorted({s for entry in cells.values() for s in entry["systems"]})
+    overall = []
+    for system in systems:
+        mine = [e for e in cells.values() if system in e["systems"]]
+        ratios = [e["systems"][system]["capacity_per_s"] / e["reference_per_s"] for e in mine
+                  if e["systems"][system]["capacity_per_s"] is not None and e.get("reference_per_s")]
+        overall.append({"system": system, "capacity_over_reference": _mean(ratios) if ratios else None,
+                        "mean_attainment_pct": _mean([e["systems"][system]["mean_attainment_pct"] for e in mine]),
+                        "best_cells": sum(system in e["best"] for e in mine), "num_cells": len(mine)})
+    overall.sort(key=lambda r: -(r["capacity_over_reference"] or 0.0))
+    return {"cells": list(cells.values()), "systems": overall}

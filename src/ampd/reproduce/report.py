@@ -54,7 +54,9 @@ def best_rows(best: dict) -> list[dict]:
 
 
 def write(out_dir: Path, quick: bool, results: dict) -> dict:
-    """Write results.json (rows and tables), the PNG figures and tables.md."""
+    """Write results.json (rows and tables), summary.json (per cell, every system's
+    capacity and mean attainment: ``analysis.cell_summary``), the PNG figures and
+    tables.md."""
     tables = summarize(results)
     what = figures.describe(results["grid"])
     figures.attainment_grid(results["grid"], results["capacities"], out_dir / "attainment_grid.png")
@@ -71,4 +73,6 @@ def write(out_dir: Path, quick: bool, results: dict) -> dict:
     (out_dir / "tables.md").write_text(text)
     rows = {k: v for k, v in results.items() if k not in ("tables", "quick")}
     write_json(out_dir / "results.json", {"quick": quick, "tables": tables, **rows})
+    write_json(out_dir / "summary.json", {"quick": quick, **analysis.cell_summary(results["grid"],
+                                                                                 results["capacities"])})
     return tables

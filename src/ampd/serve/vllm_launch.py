@@ -161,6 +161,11 @@ class ServerSpec:
         kv_cache_gib: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``, whole GiB).
         omp_threads: OpenMP threads of the model worker (unbound to cores).
         max_model_len: longest prompt plus output, tokens.
+        max_num_batched_tokens: tokens one engine step may carry (vLLM V1 chunks a
+            longer prefill into steps of this budget, decodes included). [our choice]
+            2,048, vLLM's CPU default, stated so that the budget the router and the
+            simulator assume (``[policy] chunk_tokens``) is the engine's by
+            construction, not an engine default that may change between versions.
         block_size: KV block size, tokens; the CPU kernels need a multiple of 32.
             Prefix-cache hits and ExampleConnector loads are whole blocks.
         dtype: model dtype; float32 keeps greedy outputs equal across servers.
@@ -177,6 +182,7 @@ class ServerSpec:
     kv_cache_gib: int = 1
     omp_threads: int = 1
     max_model_len: int = 4096
+    max_num_batched_tokens: int = 2048
     block_size: int = 32
     dtype: str = "float32"
     extra_args: tuple[str, ...] = ()
@@ -230,6 +236,7 @@ def server_argv(spec: ServerSpec) -> list[str]:
         "--dtype", spec.dtype,
         "--enforce-eager",
         "--max-model-len", str(spec.max_model_len),
+        "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
         "--block-size", str(spec.block_size),
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
@@ -345,7 +352,7 @@ def server_command(config: RunConfig, role: Role, port: int, log_dir: Path) -> t
                      else ExampleConnector(Path(log_dir) / "kv-store"))
     spec = ServerSpec(role=role, python=Path(serve.vllm_python), model_dir=Path(serve.vllm_model), port=port,
                       connector=connector, served_model_name=serve.served_model or config.cluster.model,
-                      max_model_len=serve.vllm_max_model_len)
+                      max_model_len=serve.vllm_max_model_len, max_num_batched_tokens=config.policy.chunk_tokens)
     if isinstance(connector, ExampleConnector):
         Path(connector.storage_path).mkdir(parents=True, exist_ok=True)
     return server_argv(spec), server_env(spec)

@@ -1,0 +1,112 @@
+"""Where a sim-vs-real gap lies: the engines' own counters over a real run, set against
+the simulator and the client (``ampd validate``, docs/PROFILING.md "Sim vs real").
+
+An end-to-end TTFT or ITL seen by the client includes everything between the engine
+and the client (the engine's API server, the coordinator's relay, the client itself);
+the simulator models the engines alone. Scraping each engine's ``/metrics`` before
+and after a real run splits the two:
+
+- **ITL** three ways: the simulator's, the decode engines' (``vllm:inter_token_latency_seconds``,
+  timed where the engine emits each token), the client's; all token-weighted (every
+  gap counts once), as the engine's histogram is;
+- **remote prefills**: the prefill engines' ``vllm:request_prefill_time_seconds``
+  against the profile's ``T_pre`` of the same rounds as the engine computed them (a
+  history read computes the new tokens on top of the history; a shorter history than
+  the engines' recompute threshold is computed again): the cost model checked on the
+  run's own work under serving load, where the profile measured one probe at a time;
+- **KV transfers**: the engines' ``vllm:nixl_xfer_time_seconds`` (mean, count),
+  which the profile times one at a time on idle engines.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import httpx
+
+from ampd.metrics.records import SessionRecord
+from ampd.perf.interface import PerfModel
+from ampd.profile.scrape import INTER_TOKEN_LATENCY, KV_XFER_TIME, PREFILL_TIME, Snapshot, delta, scrape
+
+
+async def snapshot_engines(urls: Sequence[str]) -> list[Snapshot]:
+    """One ``/metrics`` scrape of each engine, in order.
+
+    Raises:
+        ProbeError: an engine is unreachable.
+    """
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        return [await scrape(client, url) for url in urls]
+
+
+def _gained(before: Sequence[Snapshot], after: Sequence[Snapshot], histogram: str) -> tuple[float, float]:
+    """(sum, count) ``histogram`` gained over the engines."""
+    deltas = [delta(b, a, histogram) for b, a in zip(before, after)]
+    return sum(d.sum for d in deltas), sum(d.count for d in deltas)
+
+
+def _mean(total: float, count: float) -> float | None:
+    return total / count if count else None
+
+
+def _token_itl_s(sessions: Sequence[SessionRecord]) -> float | None:
+    """Mean gap between two tokens over every gap of every round (token-weighted)."""
+    total = sum(r.itls_s.sum_s for s in sessions for r in s.rounds)
+    count = sum(len(r.itls_s) for s in sessions for r in s.rounds)
+    return _mean(total, count)
+
+
+def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequence[Snapshot],
+                real: Sequence[SessionRecord], sim: Sequence[SessionRecord], perf: PerfModel, prefill_tp: int,
+                history_read_min_tokens: int | None) -> dict[str, float | int | None]:
+    """The engine-side figures of one real run (see the module docstring).
+
+    Args:
+        roles: each engine's role (``prefill``, ``decode``), in the order of ``before``
+            and ``after``.
+        before, after: each engine's scrape before and after the run.
+        real, sim: the sessions the real run and the simulator ran.
+        perf: the profile the simulator ran on.
+        prefill_tp: the prefill engines' TP degree.
+        history_read_min_tokens: the engines' ``kv_recompute_threshold`` when their
+            prefill engines read history (``vllm-nixl``, mock engines: 0); None when
+            they recompute it (``vllm``).
+
+    Returns:
+        ``itl_sim_s``, ``itl_engine_s``, ``itl_client_s`` (means, seconds);
+        ``remote_prefill_model_s`` and ``remote_prefill_engine_s`` (means, seconds)
+        with ``remote_rounds`` (rounds the real run prefilled remotely) and
+        ``remote_prefills_engine`` (prefills the prefill engines counted);
+        ``kv_xfer_engine_s`` (mean, seconds) and ``kv_xfers_engine`` (count). A mean
+        with nothing to average is None.
+    """
+    def of(role: str) -> tuple[list[Snapshot], list[Snapshot]]:
+        pairs = [(b, a) for r, b, a in zip(roles, before, after) if r == role]
+        return [b for b, _ in pairs], [a for _, a in pairs]
+
+    decode_before, decode_after = of("decode")
+    prefill_before, prefill_after = of("prefill")
+    remote = [r for s in real for r in s.rounds if r.local is False and r.first_token_s is not None]
+    model_s = [perf.prefill_s(*_computed(r.hist_tokens, r.new_tokens, history_read_min_tokens), prefill_tp)
+               for r in remote]
+    prefill_sum_s, prefill_count = _gained(prefill_before, prefill_after, PREFILL_TIME)
+    xfer_sum_s, xfer_count = _gained(before, after, KV_XFER_TIME)
+    return {
+        "itl_sim_s": _token_itl_s(sim),
+        "itl_engine_s": _mean(*_gained(decode_before, decode_after, INTER_TOKEN_LATENCY)),
+        "itl_client_s": _token_itl_s(real),
+        "remote_prefill_model_s": statistics.fmean(model_s) if model_s else None,
+        "remote_prefill_engine_s": _mean(prefill_sum_s, prefill_count),
+        "remote_rounds": len(remote), "remote_prefills_engine": int(prefill_count),
+        "kv_xfer_engine_s": _mean(xfer_sum_s, xfer_count), "kv_xfers_engine": int(xfer_count),
+    }
+
+
+def _computed(hist_tokens: int, new_tokens: int, history_read_min_tokens: int | None) -> tuple[int, int]:
+    """``(cached, computed)`` tokens of a remote prefill as the prefill engine runs it:
+    the history read (cached) unless the engine recomputes it, or it is shorter than
+    the read threshold."""
+    if history_read_min_tokens is None or 0 < hist_tokens < history_read_min_tokens:
+        return 0, hist_tokens + new_tokens
+    return hist_tokens, new_tokens

