@@ -51,7 +51,8 @@ PARITY_RATE_PER_S = 0.6
 PARITY_MEASURE = {"warmup_s": 36.0, "window_s": 240.0, "drain_s": 120.0}
 
 
-def test_a_steady_state_window_through_two_replicas_matches_the_simulator(tmp_path):
+@pytest.mark.parametrize("system", ["ampd-predictive", "ampd-slo"])
+def test_a_steady_state_window_through_two_replicas_matches_the_simulator(tmp_path, system):
     """The same sessions, arrivals and window through the simulator and through two
     coordinator replicas on Redis and mock engines, both measured over that window at
     a rate the deployment carries (the window is too short for a steady-state verdict:
@@ -64,8 +65,13 @@ def test_a_steady_state_window_through_two_replicas_matches_the_simulator(tmp_pa
     session near its threshold across it. The same inputs flip a round's placement
     (local or remote) only near Algorithm 1's thresholds, so at least 85 % of rounds
     must be placed as the simulator placed them. bench/bench_serve_parity.py runs a
-    longer window and records the figures (bench/results/serve_parity.json)."""
-    config = serving(override(BASE, workload={"num_sessions": None, "rate_per_s": PARITY_RATE_PER_S},
+    longer window and records the figures (bench/results/serve_parity.json).
+    ``ampd-slo`` served sees no decode batch (docs/SIMULATOR.md, "SLO routing"), so it
+    weighs no ITL damage: its placements differ where the simulator's router refused a
+    local prefill (one run on 2 cores: attainment 0.903 served vs 0.974 simulated,
+    local share 0.063 vs 0.044, 91 % same placement; ampd-predictive 0.877 vs 0.870,
+    99 %)."""
+    config = serving(override(BASE, system=system, workload={"num_sessions": None, "rate_per_s": PARITY_RATE_PER_S},
                               measure=PARITY_MEASURE), time_scale=0.5)
     sim = simulate(config)
     with LocalCluster(config, tmp_path, coordinators=2) as cluster:

@@ -25,6 +25,7 @@ from ampd.core.deployment import Deployment, Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.measure import TRANSIENT, MeasurePlan, Stability, measure_plan, measure_window, unloaded_lifetime_s
+from ampd.metrics.slo import SloScope
 from ampd.metrics.summary import RunSummary, summarize
 from ampd.perf import build_perf_model, load_perf_model
 from ampd.perf.interface import PerfModel
@@ -338,9 +339,12 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     p = config.policy
     knobs = knobs_for(config, perf)
     router = system.make_router(perf, slo, knobs, random.Random(config.seed))
-    options = WorkerOptions(p.window_s, knobs.batching, system.kv_retention, p.pin_ttl_s)
-    cluster = SimCluster(specs, perf, router, system.make_queue_policy(slo, knobs), options)
     scope = config.slo.scope
+    # A session's ITL slack is a mean-scope budget; under the strict scope the decode
+    # workers report none, which a router reads as no slack (docs/SIMULATOR.md, "SLO routing").
+    options = WorkerOptions(p.window_s, knobs.batching, system.kv_retention, p.pin_ttl_s,
+                            slo.itl_s if scope is SloScope.MEAN else None)
+    cluster = SimCluster(specs, perf, router, system.make_queue_policy(slo, knobs), options)
     if plan is None:
         result = cluster.run(sessions)
         summary = summarize(result.sessions, slo.ttft_s, slo.itl_s, scope)

@@ -21,12 +21,15 @@ class QueuedTask:
         enqueue_s: when it entered this queue.
         cost_s: predicted execution time on this worker (``T_pre`` at its TP).
         postponements: times a reorder has moved it later (Algorithm 2's counter).
+        chunk_tokens: prefill tokens per mixed step a router chose for this local
+            prefill (``ampd-slo``), or None: the decode engine's own budget.
     """
 
     task: PrefillTask
     enqueue_s: float
     cost_s: float
     postponements: int = 0
+    chunk_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,12 @@ class WorkerView:
             join its next step included; 0 when unknown (the coordinator does
             not read it from the engines).
         context_tokens: KV tokens those sequences hold.
+        min_itl_slack_s: the smallest ITL slack among the sessions decoding on
+            this (decode) worker, seconds, mean scope: a session's ITL threshold
+            times the token gaps it has had (every round so far) minus the sum of
+            those gaps; negative when it is over budget. None when unknown (no
+            sequence decoding, or the coordinator, which does not see the engines'
+            batches).
     """
 
     spec: WorkerSpec
@@ -62,6 +71,7 @@ class WorkerView:
     reads_history: bool = True
     batch_size: int = 0
     context_tokens: int = 0
+    min_itl_slack_s: float | None = None
 
     @property
     def worker_id(self) -> int:

@@ -35,16 +35,21 @@ class RouteDecision:
             beta x threshold), ``"prefill-predicted"`` (step 1 of the predictive
             variant), ``"estimate"`` (step 3: smallest predicted
             completion), ``"always-remote"``, ``"threshold-length"``,
-            ``"threshold-busy"``, ``"threshold-remote"`` (Dynamo's rules), or
-            ``"colocated"``.
+            ``"threshold-busy"``, ``"threshold-remote"`` (Dynamo's rules),
+            ``"colocated"``, or ``ampd-slo``'s ``"slo-remote"``, ``"slo-local"``,
+            ``"slo-degraded"`` (``ampd.policy.slo_routing``).
         basis_s: the figure the rule compared, seconds: the chosen worker's
             windowed TTFT (``"prefill-window"``, 0 when its window is empty), the
             decode worker's windowed ITL (``"decode-window"``, likewise), the
             predicted completion (``"estimate"``), the predicted TTFT
-            (``"prefill-predicted"``), the chosen worker's queue drain
+            (``"prefill-predicted"``, ``"slo-*"``), the chosen worker's queue drain
             (``"always-remote"``).
         alternatives: (worker id, predicted completion s) of every option weighed in
-            step 3, local first; empty for the other rules.
+            step 3, local first; (worker id, predicted TTFT s) for ``"slo-*"``
+            (local inf when it would break the batch's ITL budget); empty for the
+            other rules.
+        chunk_tokens: for a local prefill, the prefill tokens per mixed step the
+            decode worker must run it in; None: the engine's own budget.
     """
 
     session_id: str
@@ -54,6 +59,7 @@ class RouteDecision:
     rule: str
     basis_s: float = 0.0
     alternatives: tuple[tuple[int, float], ...] = ()
+    chunk_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

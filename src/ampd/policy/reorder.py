@@ -3,6 +3,7 @@ Algorithm 2) and first-come-first-served."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Protocol
@@ -88,6 +89,6 @@ def apply_order(queue: Sequence[QueuedTask], decision: ReorderDecision) -> list[
     for pos, idx in enumerate(decision.order):
         q = queue[idx]
         if pos > idx:
-            q = QueuedTask(q.task, q.enqueue_s, q.cost_s, q.postponements + 1)
+            q = dataclasses.replace(q, postponements=q.postponements + 1)
         head.append(q)
     return head + list(queue[len(decision.order):])

@@ -16,6 +16,7 @@ from ampd.policy.reorder import Fcfs, QueuePolicy, ReturningFirst, TtftAwareReor
 from ampd.policy.routing import (
     AdaptiveRouter, AlwaysLocalRouter, AlwaysRemoteRouter, PredictiveRouter, Router, SloThresholds,
     ThresholdRouter)
+from ampd.policy.slo_routing import SloRouter
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,9 @@ class Knobs:
     deadline-aware queues' starvation bound (``DeadlineReorder``: 16 postponements,
     [our choice], measured in docs/RESULTS.md, "Where reordering earns its keep") and
     the decode engines' batching the adaptive routers estimate ``t_local`` under
-    (``decode_batching``; default the paper's pause)."""
+    (``decode_batching``; default the paper's pause), and whether those engines
+    take a chunk size per local prefill (``per_task_chunks``: the simulator's do;
+    a served vLLM's token budget is engine-wide, so ``ampd serve`` sets False)."""
 
     alpha: float = 0.9
     beta: float = 0.85
@@ -36,6 +39,7 @@ class Knobs:
     dynamo_busy_queue_tasks: int = 2
     max_postponements: int = 16
     batching: Batching = Batching()
+    per_task_chunks: bool = True
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ def _adaptive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Ran
 
 def _predictive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
     return PredictiveRouter(perf, slo, rng, knobs.alpha, knobs.beta, knobs.batching)
+
+
+def _slo(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
+    return SloRouter(perf, slo, knobs.alpha, knobs.batching, knobs.per_task_chunks)
 
 
 def _threshold(length_rule: bool, busy_rule: bool) -> Callable[[PerfModel, SloThresholds, Knobs, random.Random],
@@ -114,6 +122,9 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            _predictive, _deadline, needs_prefill_workers=False, adaptive=True),
     System("ampd-predictive-no-reorder", "ampd-predictive with FCFS queues (ablation)",
            _predictive, _fcfs, needs_prefill_workers=False, adaptive=True),
+    System("ampd-slo", "prefills placed by predicted TTFT and the decode batch's ITL slack, local ones in "
+           "slack-sized chunks (ours, not the paper's) + Alg. 2",
+           _slo, _ttft_aware, needs_prefill_workers=False, batching="chunked", adaptive=True),
     System("ampd-no-reorder", "AMPD routing with FCFS queues (ablation)",
            _adaptive, _fcfs, needs_prefill_workers=False, adaptive=True),
     System("ampd-edf", "AMPD routing with deadline-aware queues (ampd-predictive-edf's; ablation)",

@@ -3,6 +3,7 @@ SLO thresholds a simulation of that configuration uses."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import socket
@@ -79,7 +80,9 @@ def build_coordinator(config: RunConfig, replica_id: str = "") -> Coordinator:
     system = get_system(config.system)
     perf = perf_model_for(config)
     slo = serve_slo(config)
-    knobs = knobs_for(config, perf)
+    # A served engine's chunk budget is engine-wide (vLLM's max_num_batched_tokens): a
+    # router estimates local prefills in that budget, not in chunks of its own.
+    knobs = dataclasses.replace(knobs_for(config, perf), per_task_chunks=False)
     # Each replica draws its own visiting order (Algorithm 1 step 1), so replicas do not herd.
     rng = random.Random(config.seed * 1_000_003 + zlib.crc32(replica_id.encode()))
     options = CoordinatorOptions(replica_id, serve.served_model or config.cluster.model, serve.kv_timeout_s,

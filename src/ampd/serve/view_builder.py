@@ -30,8 +30,10 @@ def worker_view(info: WorkerInfo, state: WorkerState, perf: PerfModel, now_s: fl
     if spec.role is Role.PREFILL:
         return WorkerView(spec, tuple(e.queued for e in state.queue), busy_s(state.inflight, now_s),
                           state.ttft_mean_s, None, reads_history=READS_HISTORY[info.kind])
+    # The engines' batches are not in the store: batch and slack stay unknown
+    # (size 0, slack None), so a router reads the batch as empty (WorkerView).
     return WorkerView(spec, tuple(e.queued for e in state.inflight), 0.0, None, state.itl_mean_s,
-                      perf.kv_capacity_tokens(spec.tp), state.kv_used_tokens)
+                      perf.kv_capacity_tokens(spec.tp), state.kv_used_tokens, batch_size=0, min_itl_slack_s=None)
 
 
 def cluster_view(infos: Mapping[int, WorkerInfo], states: Iterable[WorkerState], perf: PerfModel,

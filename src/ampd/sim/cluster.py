@@ -58,12 +58,15 @@ class WorkerOptions:
         kv_retention: what happens to a session's KV during a tool call
             (``SessionKvCache``: resident, lru, pinned).
         pin_ttl_s: how long ``pinned`` keeps it.
+        itl_slo_s: the ITL threshold decode workers measure their sessions'
+            slack against (``WorkerView.min_itl_slack_s``), or None: not reported.
     """
 
     window_s: float = 10.0
     batching: Batching = Batching()
     kv_retention: str = "resident"
     pin_ttl_s: float = 0.0
+    itl_slo_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -106,7 +109,7 @@ class SimCluster:
         if spec.role is Role.DECODE:
             kv = SessionKvCache(self.perf.kv_capacity_tokens(spec.tp), options.kv_retention, options.pin_ttl_s)
             return SimDecodeWorker(spec, self.loop, self.perf, queue_policy, self, options.window_s,
-                                   options.batching, kv)
+                                   options.batching, kv, itl_slo_s=options.itl_slo_s)
         return SimPrefillWorker(spec, self.loop, self.perf, queue_policy, self, options.window_s,
                                 lambda worker_id: self.specs[worker_id])
 
@@ -192,7 +195,7 @@ class SimCluster:
         self.result.routes.append(decision)
         target = self.workers[decision.worker_id]
         if decision.local:
-            target.enqueue_local(task)
+            target.enqueue_local(task, decision.chunk_tokens)
         else:
             target.enqueue(task)
 
@@ -212,7 +215,7 @@ class SimCluster:
             self.loop.at(ready_s, self._start_round, live, round_index + 1, ready_s)
             return
         live.record.done_s = self.loop.now_s
-        self.workers[live.decode_worker].kv.end_session(session_id)
+        self.workers[live.decode_worker].end_session(session_id)
         del self._live[session_id]
         if self._limits is not None and self._limits.measured(live.session.arrival_s):
             self._measured_left -= 1

@@ -5,6 +5,7 @@ section 4's vLLM and vLLM-Continuum baselines)."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -59,12 +60,21 @@ class SimDecodeWorker:
     whatever the batch size: the batch is kept as running totals (size, context
     tokens), each sequence's last step is known when it joins (no preemption), and
     its ITLs are read off the worker's ``StepLog`` afterwards (``StepItls``).
+
+    With ``itl_slo_s`` the view reports the batch's smallest ITL slack
+    (``WorkerView.min_itl_slack_s``, mean scope), kept in O(log batch) per
+    sequence: a sequence that joined at ``join_s`` with slack ``base`` and had its
+    first token gap in step ``j`` has, after step ``k``, the slack
+    ``base + thr (k - j + 1) - (end_k - join_s)``, i.e. a constant of its own
+    (``base + thr (1 - j) + join_s``) plus ``thr k - end_k``, the same for all; so
+    the batch's minimum is the smallest constant (a heap) plus that term.
     """
 
     def __init__(self, spec: WorkerSpec, loop: EventLoop, perf: PerfModel, queue_policy: QueuePolicy,
                  sink: RoundSink, window_s: float, batching: Batching = Batching(),
                  kv_cache: SessionKvCache | None = None,
-                 on_step: Callable[[Iterable[tuple[str, int]]], None] | None = None) -> None:
+                 on_step: Callable[[Iterable[tuple[str, int]]], None] | None = None,
+                 itl_slo_s: float | None = None) -> None:
         self.spec, self.loop, self.perf, self.queue_policy, self.sink = spec, loop, perf, queue_policy, sink
         self.batching, self.on_step = batching, on_step
         self.kv = kv_cache or SessionKvCache(perf.kv_capacity_tokens(spec.tp))
@@ -82,6 +92,9 @@ class SimDecodeWorker:
         self._busy_until_s: float | None = None
         self._last_was_prefill = False
         self._chunking: _Chunking | None = None
+        self._itl_slo_s = itl_slo_s
+        self._slack_keys: list[tuple[float, str, int]] = []  # heap; entries of finished sequences linger
+        self._slack_base: dict[str, float] = {}  # session -> slack at its last token
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -92,11 +105,17 @@ class SimDecodeWorker:
         """Sequences decoding here, those waiting for the next step included."""
         return self._batch_size + len(self._joining)
 
-    def enqueue_local(self, task: PrefillTask) -> None:
-        """Queue a prefill routed here (local execution)."""
+    def enqueue_local(self, task: PrefillTask, chunk_tokens: int | None = None) -> None:
+        """Queue a prefill routed here (local execution); a chunked engine runs it
+        in steps of at most ``chunk_tokens`` prefill tokens when given."""
         cost_s = self.perf.prefill_s(task.hist_tokens, task.new_tokens, self.spec.tp)
-        self.queue.append(QueuedTask(task, self.loop.now_s, cost_s))
+        self.queue.append(QueuedTask(task, self.loop.now_s, cost_s, chunk_tokens=chunk_tokens))
         self._kick()
+
+    def end_session(self, session_id: str) -> None:
+        """The session's last round is over: free its KV and forget its slack."""
+        self.kv.end_session(session_id)
+        self._slack_base.pop(session_id, None)
 
     def join(self, task: PrefillTask, output_tokens: int) -> None:
         """The round's first token is out and its KV is here: decode the other
@@ -119,7 +138,31 @@ class SimDecodeWorker:
         batch_size, context_tokens = self._batch()
         return WorkerView(self.spec, queue, busy_s, None, self.itl_window.mean(now_s),
                           self.kv.capacity_tokens, self.kv.used_tokens(now_s), batch_size=batch_size,
-                          context_tokens=context_tokens)
+                          context_tokens=context_tokens, min_itl_slack_s=self._min_slack_s())
+
+    def _min_slack_s(self) -> float | None:
+        """The smallest ITL slack of the sequences decoding here, as of their last
+        token (class docstring); None without a threshold or a sequence."""
+        if self._itl_slo_s is None:
+            return None
+        keys = self._slack_keys
+        if len(keys) > 2 * len(self._running) + 64:
+            # Later joiners get smaller constants, so finished sequences sink and would
+            # never reach the top to be popped: rebuild from the live ones now and then.
+            keys[:] = [k for k in keys if (k[1], k[2]) in self._running]
+            heapq.heapify(keys)
+        while keys and (keys[0][1], keys[0][2]) not in self._running:
+            heapq.heappop(keys)
+        # Sequences whose first gap has not ended yet still have the slack they came with.
+        waiting = [self._slack_base.get(s.session_id, 0.0) for s in (*self._joining, *self._step_joiners)]
+        if keys:
+            waiting.append(keys[0][0] + self._slack_since())
+        return min(waiting, default=None)
+
+    def _slack_since(self) -> float:
+        """``thr k - end_k`` after the last step ``k`` (class docstring)."""
+        ends = self._step_ends
+        return self._itl_slo_s * (len(ends) - 1) - ends[-1]
 
     def _kick(self) -> None:
         if self._busy_until_s is not None:
@@ -193,6 +236,8 @@ class SimDecodeWorker:
         if self._chunking is not None:
             task, done = self._chunking.head.task, self._chunking.done_tokens
             chunk = self.batching.chunk(task.new_tokens - done, batch)
+            if self._chunking.head.chunk_tokens is not None:
+                chunk = min(chunk, self._chunking.head.chunk_tokens)
         if chunk:
             step_s = mixed_step_s(self.perf, self.spec.tp, task.hist_tokens + done, chunk, batch, context)
         else:
@@ -231,6 +276,9 @@ class SimDecodeWorker:
         if joiners:
             for seq in joiners:
                 self.itl_window.add(now_s, now_s - seq.join_s)
+                if self._itl_slo_s is not None:
+                    key = self._slack_base.get(seq.session_id, 0.0) + self._itl_slo_s * (1 - step) + seq.join_s
+                    heapq.heappush(self._slack_keys, (key, seq.session_id, seq.round_index))
             self._step_joiners = []
         self._last_step_end_s = now_s
         self._context_tokens += batch_size
@@ -238,6 +286,10 @@ class SimDecodeWorker:
             self.on_step(self._running)
         finished = self._finishing.pop(step, ())
         for seq in finished:
+            if self._itl_slo_s is not None:
+                self._slack_base[seq.session_id] = (self._slack_base.get(seq.session_id, 0.0)
+                                                    + self._itl_slo_s * (step - seq.first_step + 1)
+                                                    - (now_s - seq.join_s))
             del self._running[(seq.session_id, seq.round_index)]
             self._batch_size -= 1
             self._context_tokens -= seq.context_tokens + seq.stop_step - seq.first_step
