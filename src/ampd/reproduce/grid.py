@@ -36,7 +36,8 @@ SEARCH_FRACTION = 1.0  # the rate of the deployment search, the latency breakdow
 # Disaggregated systems: the AMPD family on the planner's deployment (the search when the planner
 # finds no feasible plan), the baselines on their best deployment (search.py).
 PLANNED = " [planner]"  # label suffix of an adaptive system run on the planner's deployment
-DISAGGREGATED = ("ampd", "ampd-predictive", "pd-disagg", "dynamo-length", "dynamo-busy", "dynamo-conditional")
+DISAGGREGATED = ("ampd", "ampd-predictive", "ampd-slo", "pd-disagg", "dynamo-length", "dynamo-busy",
+                 "dynamo-conditional")
 COLOCATED = ("vllm", "vllm-chunked", "continuum")
 # --quick [our choice]: the paper's AMPD, ours, plain PD disaggregation, the strongest Dynamo rule
 # and the strongest colocated baseline of the full grid.
