@@ -45,7 +45,8 @@ class QueueRun(NamedTuple):
 
     Attributes:
         ttft_s: TTFT per task, seconds, shape (m,).
-        waited: True when some remote task found every replica busy.
+        waited: True when some remote task found every replica busy, or (router
+            model) was sent locally while they were: more replicas change the run.
         local: per task, True when it ran on its decode replica (flagged local in
             the chains, or sent there by the router model), shape (m,).
     """
@@ -96,7 +97,10 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
     while pending:
         ready, t = pop(pending)
         if routed and remote[t]:
-            local[t] = max(free_s[0] - ready, 0.0) + read_s[t] + compute_s[t] + send_s[t] > local_above_s
+            queued_s = max(free_s[0] - ready, 0.0)
+            local[t] = queued_s + read_s[t] + compute_s[t] + send_s[t] > local_above_s
+            # sent away from busy replicas: more replicas would have kept it, as a wait would
+            waited = waited or (local[t] and queued_s > 0.0)
         if not local[t]:
             start = ready + read_s[t]
             if free_s[0] > start:
