@@ -34,8 +34,12 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
     Under the router model (``local_above_s`` finite, docs/PLANNER.md "Co-design"),
     the router sends a task locally when its predicted remote TTFT exceeds
     ``local_above_s`` (``queueing.fcfs_ttft_s``): the replicas never fall behind for
-    good, the overflow going to the decode replicas, so no cell is overloaded. Each
-    cell records the share and the indices of the window's tasks that ran locally, and
+    good, the overflow going to the decode replicas. [our choice] A cell whose
+    replicas could not carry the whole prefill work (utilisation >= 1, as above) is
+    still overloaded: the router would run the excess locally for good, colocated
+    serving in all but name, which this planner leaves out as it leaves out decode-only
+    plans (docs/PLANNER.md); it also spares the bound of ``codesign`` visits to prefill
+    sides that cannot win. Each cell records the share and the indices of the window's tasks that ran locally, and
     its P95 is over every measured task, local ones at their ``T_pre``: the router
     chose where they run, so their TTFT is part of what this side delivers.
 
@@ -58,7 +62,7 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
             cells.append(dataclasses.replace(saturated, dp=dp))
             continue
         utilisation = work_s / (dp * stream.span_s)
-        if utilisation >= 1.0 and not routed:
+        if utilisation >= 1.0:
             reason = f"prefill work is {utilisation:.2f} x what {dp} replica(s) of TP={tp} serve"
             cells.append(dataclasses.replace(base, dp=dp, reason=reason))
             continue

@@ -97,7 +97,7 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
     while pending:
         ready, t = pop(pending)
         if routed and remote[t]:
-            queued_s = max(free_s[0] - ready, 0.0)
+            queued_s = free_s[0] - ready if free_s[0] > ready else 0.0
             local[t] = queued_s + read_s[t] + compute_s[t] + send_s[t] > local_above_s
             # sent away from busy replicas: more replicas would have kept it, as a wait would
             waited = waited or (local[t] and queued_s > 0.0)
