@@ -55,7 +55,7 @@ SYSTEMS = ("ampd", "ampd-predictive", "pd-disagg")
 SAMPLE = 9
 KNEE_Z = 1.0
 BISECTIONS = 7
-REFINE_TOP_K = 3
+REFINE_TOP_K = 5
 
 
 def _config(model: str, workload: str, num_gpus: int, rate_per_s: float, system: str = "ampd") -> RunConfig:
