@@ -92,7 +92,12 @@ def cell(model: str, workload: str, num_gpus: int, runner: PointRunner) -> dict:
     for system in SYSTEMS:
         config = override(_config(model, workload, num_gpus, rate, system), planner={"refine_top_k": REFINE_TOP_K})
         share = default_local_share(system)
-        plans = plan_for(override(config, planner={"refine_top_k": 0}), REFINE_TOP_K)
+        try:
+            plans = plan_for(override(config, planner={"refine_top_k": 0}), REFINE_TOP_K)
+        except InputError as refusal:
+            out["systems"][system] = {"co_designed": get_system(system).adaptive, "refused": str(refusal),
+                                      **agreement([])}
+            continue
         rows = simulate_plans(config, simulation_pool(config, plans, SAMPLE, share), runner)
         refined = str(plan_for(config, 1, runner=runner)[0].deployment)
         result = {"co_designed": get_system(system).adaptive, "local_share": share, "rows": rows,
@@ -115,8 +120,9 @@ def _markdown(cells: list[dict]) -> str:
     for c in cells:
         for system, s in c["systems"].items():
             if not s["comparable"]:
+                why = "the planner refused" if "refused" in s else "no plan stable at this rate"
                 lines.append(f"| {c['model']} | {c['workload']} ({c['num_gpus']}) | {c['rate_per_s']:.3g} | {system} "
-                             f"| no plan stable at this rate | | | | | | | |")
+                             f"| {why} | | | | | | | |")
                 continue
             attain = {r["deployment"]: attainment_text(r) for r in s["rows"]}
             planned = "; ".join(f"{d} ({attain[d]})" for d in s["planned_top"])
@@ -142,6 +148,7 @@ def _summary(cells: list[dict]) -> dict:
             summary[system][f"zero_{name}_cells"] = sum(1 for x in regrets if x == 0.0)
         summary[system]["cells"] = len(runs)
         summary[system]["cells_without_a_stable_plan"] = len(cells) - len(runs)
+        summary[system]["cells_refused"] = sum("refused" in c["systems"][system] for c in cells)
     return summary
 
 

@@ -14,6 +14,13 @@ from ampd.planner.cells import TauCell
 from ampd.planner.queueing import PrefillChains, fcfs_ttft_s
 from ampd.planner.stream import NominalStream
 
+_ROUTED_MAX_UTILISATION = 2.0
+"""[our choice] Under the router model, a prefill side whose replicas could carry less than
+half the prefill work is overloaded: the decode replicas would run most prefills for good,
+colocated serving in all but name, which the planner leaves out as it leaves out
+decode-only plans (docs/PLANNER.md); it also saves the Lindley passes and the co-design's
+visits to prefill sides that cannot win (the 5 s bound at 256 GPUs, issue 12)."""
+
 
 def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, ttft_slo_s: float,
                   cross_server: bool, scope: str, local_above_s: float = math.inf) -> list[TauCell]:
@@ -34,12 +41,9 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
     Under the router model (``local_above_s`` finite, docs/PLANNER.md "Co-design"),
     the router sends a task locally when its predicted remote TTFT exceeds
     ``local_above_s`` (``queueing.fcfs_ttft_s``): the replicas never fall behind for
-    good, the overflow going to the decode replicas. [our choice] A cell whose
-    replicas could not carry the whole prefill work (utilisation >= 1, as above) is
-    still overloaded: the router would run the excess locally for good, colocated
-    serving in all but name, which this planner leaves out as it leaves out decode-only
-    plans (docs/PLANNER.md); it also spares the bound of ``codesign`` visits to prefill
-    sides that cannot win. Each cell records the share and the indices of the window's tasks that ran locally, and
+    good, the overflow going to the decode replicas, so a cell whose replicas could not
+    carry the whole prefill work alone is a plan (the router keeps the longest
+    prefills local). Up to ``_ROUTED_MAX_UTILISATION``: beyond, it is overloaded. Each cell records the share and the indices of the window's tasks that ran locally, and
     its P95 is over every measured task, local ones at their ``T_pre``: the router
     chose where they run, so their TTFT is part of what this side delivers.
 
@@ -62,7 +66,7 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
             cells.append(dataclasses.replace(saturated, dp=dp))
             continue
         utilisation = work_s / (dp * stream.span_s)
-        if utilisation >= 1.0:
+        if utilisation >= (_ROUTED_MAX_UTILISATION if routed else 1.0):
             reason = f"prefill work is {utilisation:.2f} x what {dp} replica(s) of TP={tp} serve"
             cells.append(dataclasses.replace(base, dp=dp, reason=reason))
             continue
