@@ -78,11 +78,8 @@ def spread_locals(stream: NominalStream) -> LocalLoad:
 
 def routed_locals(stream: NominalStream, tasks: tuple[int, ...]) -> LocalLoad:
     """The prefills at ``tasks`` (indices in ``stream``, inside its window), the ones
-    the router model runs locally (``TauCell.local_tasks``); none: no local load
-    (every task's size then stands for the sizes, at rate 0)."""
-    if not tasks:
-        return LocalLoad(stream.hist_tokens, stream.new_tokens, 0.0)
-    index = np.array(tasks)
+    the router model runs locally (``TauCell.local_tasks``); none: no local load."""
+    index = np.array(tasks, dtype=int)
     return LocalLoad(stream.hist_tokens[index], stream.new_tokens[index], index.size / stream.span_s)
 
 
@@ -144,7 +141,11 @@ def decode_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, i
         return _LocalStats(float(np.mean([run.delay_s for run in runs])), np.quantile(added, levels),
                            float(np.mean([len(run.added_s) for run in runs])))
 
-    stats = local_at if batching.chunked else (lambda batch, paused=local_at(1): paused)
+    if local.per_s == 0.0:  # no local prefill ever arrives: nothing of theirs to estimate
+        fixed = _LocalStats(0.0, np.zeros(levels.size), 0.0)
+    else:  # a pause does not depend on the batch, chunks do
+        fixed = None if batching.chunked else local_at(1)
+    stats = local_at if fixed is None else (lambda batch: fixed)
     replica = _Replica(perf, tp, stream, stats, local.per_s, perf.kv_capacity_tokens(tp))
     return [_cell(replica, dp, itl_slo_s, scope) for dp in range(1, max_dp + 1)]
 
