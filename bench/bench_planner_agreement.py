@@ -152,27 +152,33 @@ def _summary(cells: list[dict]) -> dict:
     return summary
 
 
+def _write(cells: list[dict], start: float) -> None:
+    """The result file with the cells done so far (a run cut short keeps them)."""
+    write_result("planner_agreement", {"gpu": "H20", "runs": "steady state", "sample": SAMPLE,
+                                       "knee_z": KNEE_Z, "refine_top_k": REFINE_TOP_K, "systems": list(SYSTEMS),
+                                       "cells_done": len(cells), "cells_planned": len(MODELS) * len(CELLS),
+                                       "summary": _summary(cells), "wall_s": time.perf_counter() - start,
+                                       "cells": cells, "markdown": _markdown(cells)})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, help="parallel simulations (default: every core)")
-    jobs = parser.parse_args().jobs
+    parser.add_argument("--cache", type=Path, help="point cache folder kept between runs (default: a temporary one)")
+    args = parser.parse_args()
     start = time.perf_counter()
     cells = []
-    with tempfile.TemporaryDirectory() as cache:
-        runner = PointRunner(jobs, progress=False, cache_dir=Path(cache))
+    with tempfile.TemporaryDirectory() as temporary:
+        runner = PointRunner(args.jobs, progress=False, cache_dir=args.cache or Path(temporary))
         for model in MODELS:
             for workload, num_gpus in CELLS:
                 cells.append(cell(model, workload, num_gpus, runner))
+                _write(cells, start)
                 print(f"{model} {workload} ({num_gpus} GPUs) at {cells[-1]['rate_per_s']:.3g}/s: "
                       + ", ".join(f"{k}: rho {_rho(v['spearman'])}, regret {v['attainment_regret']}, refined "
                                   f"{v.get('refined_regret')}" for k, v in cells[-1]["systems"].items()), flush=True)
     print(_markdown(cells))
-    summary = _summary(cells)
-    print(summary)
-    write_result("planner_agreement", {"gpu": "H20", "runs": "steady state", "sample": SAMPLE,
-                                       "knee_z": KNEE_Z, "refine_top_k": REFINE_TOP_K, "systems": list(SYSTEMS), "summary": summary,
-                                       "wall_s": time.perf_counter() - start, "cells": cells,
-                                       "markdown": _markdown(cells)})
+    print(_summary(cells))
 
 
 if __name__ == "__main__":
