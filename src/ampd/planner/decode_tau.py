@@ -127,7 +127,7 @@ def decode_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, i
     local = spread_locals(stream) if local is None else local
     tasks = list(zip(local.hist_tokens.tolist(), local.new_tokens.tolist()))
     levels = (np.arange(_PREFILL_LEVELS) + 0.5) / _PREFILL_LEVELS
-    if batching.chunked:
+    if batching.chunked and tasks:
         by_time = np.argsort([perf.prefill_s(h, x, tp) for h, x in tasks], kind="stable")
         tasks = [tasks[i] for i in by_time[(levels * len(tasks)).astype(int)]]
     context_tokens = stream.decode.mean_context_tokens
