@@ -5,7 +5,10 @@ Workload: ToolBench-like on Llama-3.1-70B / H20, the load scaled with the cluste
 ``RATE_PER_8`` sessions/s and ``SESSIONS_PER_GPU`` x N sessions (so the nominal stream
 spans the same time at every size). Timed separately: the tau table (``estimate_tau``)
 and the top-3 solve (three SCIP solves with no-good cuts); scipy's ``milp`` is timed on
-the same table as the cross-check. Each figure is the median of ``REPEATS`` runs.
+the same table as the cross-check. Also timed: the planner co-designed with AMPD's
+adaptive routing (what ``ampd plan`` runs for AMPD's systems; ``ampd.planner.codesign``):
+its stream and routed prefill side, the decode side rebuilt per visit, and the SCIP
+solves, top 3, alpha the paper's 0.9. Each figure is the median of ``REPEATS`` runs.
 
 Run: ``python bench/bench_planner.py`` -> ``bench/results/planner.json``.
 """
@@ -25,6 +28,9 @@ from common import write_result  # noqa: E402
 
 from ampd.perf import build_perf_model  # noqa: E402
 from ampd.planner import build_ilp, estimate_tau, top_plans  # noqa: E402
+from ampd.planner.codesign import co_designed_plans  # noqa: E402
+from ampd.planner.tau import tau_sides  # noqa: E402
+from ampd.policy.systems import Knobs  # noqa: E402
 from ampd.slo_rule import derive_slo  # noqa: E402
 from ampd.workload import generate  # noqa: E402
 
@@ -46,8 +52,11 @@ def one_size(num_gpus: int) -> dict:
     perf = build_perf_model(MODEL, GPU)
     sessions = generate(WORKLOAD, SESSIONS_PER_GPU * num_gpus, RATE_PER_8 * num_gpus / 8, np.random.default_rng(0))
     slo = derive_slo(perf, sessions)
-    tau_s, scip_s, milp_s = [], [], []
+    tau_s, scip_s, milp_s, codesign_s = [], [], [], []
     for _ in range(REPEATS):
+        design, seconds = _timed(lambda: co_designed_plans(tau_sides(sessions, perf, slo, num_gpus, local_share=0.0),
+                                                           Knobs().alpha, 3))
+        codesign_s.append(seconds)
         table, seconds = _timed(lambda: estimate_tau(sessions, perf, slo, num_gpus))
         tau_s.append(seconds)
         plans, seconds = _timed(lambda: top_plans(table, 3, "scip"))
@@ -62,7 +71,11 @@ def one_size(num_gpus: int) -> dict:
             "speedup": PAPER_S[num_gpus] / total_s, "binaries": len(ilp.cells), "rows": int(ilp.matrix.shape[0]),
             "status": [p.status for p in plans], "milp_agrees": [str(p.deployment) for p in plans] ==
             [str(p.deployment) for p in cross],
-            "plans": [{"deployment": str(p.deployment), "objective": p.objective} for p in plans]}
+            "plans": [{"deployment": str(p.deployment), "objective": p.objective} for p in plans],
+            "codesign_s": statistics.median(codesign_s), "codesign_visits": len(design.visits),
+            "codesign_status": [p.status for p in design.plans],
+            "codesign_plans": [{"deployment": str(p.deployment), "objective": p.objective,
+                                "local_share": p.prefill.local_share} for p in design.plans]}
 
 
 def main() -> None:
@@ -72,7 +85,9 @@ def main() -> None:
         r = rows[-1]
         print(f"{num_gpus:4d} GPUs: tau {r['tau_s']:.3f} s + SCIP top-3 {r['solve_scip_s']:.3f} s = {r['total_s']:.3f} s "
               f"(paper {r['paper_s']} s, {r['speedup']:.0f}x); milp {r['solve_milp_s']:.3f} s; "
-              f"{r['binaries']} binaries; {r['status']}; best {r['plans'][0]['deployment']}", flush=True)
+              f"{r['binaries']} binaries; {r['status']}; best {r['plans'][0]['deployment']}; co-designed "
+              f"{r['codesign_s']:.3f} s, {r['codesign_visits']} visits, best {r['codesign_plans'][0]['deployment']}",
+              flush=True)
     write_result("planner", {"model": MODEL, "gpu": GPU, "workload": WORKLOAD, "rate_per_8_gpus": RATE_PER_8,
                              "sessions_per_gpu": SESSIONS_PER_GPU, "repeats": REPEATS, "sizes": rows})
 

@@ -5,22 +5,31 @@ Everything in steady state (AMPD.md section 6): the planner reads the load insid
 measurement window of the run it plans for, and every plan is simulated as a steady-state
 run (warm-up, window, drain) on the same sessions.
 
-For each cell the rate is the planner's knee: the highest rate at which the best plan
-keeps both P95 latencies within ``KNEE_Z`` x their thresholds (bisection on a log
-scale). The planner's top 3 and a seeded sample of ``SAMPLE`` other feasible plans are
-simulated and ranked: stable runs first, then by SLO attainment, ties by mean TTFT
-(``ampd.cli.plan.simulate_plans``); an unstable plan's attainment counts as 0 in the
-regret. Each system is planned with its own local share
-(``ampd.planning.default_local_share``).
+For each cell the rate is the knee of the planner with AMPD's fixed local share
+(``AMPD_LOCAL_SHARE``, the planner before its co-design with the router, so the rates
+are those of the earlier results): the highest rate at which the best plan keeps both
+P95 latencies within ``KNEE_Z`` x their thresholds (bisection on a log scale). Each
+system is planned as ``ampd.planning.plan_for`` plans it (the adaptive systems
+co-designed with their router, the others with ``default_local_share``). The planner's
+top ``REFINE_TOP_K`` and a seeded sample of ``SAMPLE`` other feasible plans are simulated
+and ranked: stable runs first, then by SLO attainment, ties by mean TTFT
+(``ampd.plan_simulation.simulate_plans``); an unstable plan's attainment counts as 0 in
+the regret. Two regrets per system: the planner's own best (``attainment_regret``), and
+the plan ``[planner] refine_top_k = REFINE_TOP_K`` picks (``refined_regret``): the best
+simulated of the planner's top ``REFINE_TOP_K``, asked of ``plan_for`` itself, whose
+simulations the shared point cache answers from the pool's runs.
 
-Run: ``python bench/bench_planner_agreement.py`` -> ``bench/results/planner_agreement.json``
-and the table printed in Markdown (docs/PLANNER.md).
+Run: ``python bench/bench_planner_agreement.py [--jobs N]`` (N parallel simulations,
+default every core) -> ``bench/results/planner_agreement.json`` and the table printed
+in Markdown (docs/PLANNER.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,11 +37,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_result  # noqa: E402
 
-from ampd.cli.plan import agreement, simulate_plans, simulation_pool  # noqa: E402
+from ampd.cli.plan import agreement, simulation_pool  # noqa: E402
 from ampd.cli.tables import attainment_text  # noqa: E402
+from ampd.plan_simulation import simulate_plans  # noqa: E402
+from ampd.planner import AMPD_LOCAL_SHARE  # noqa: E402
 from ampd.planning import default_local_share, plan_for  # noqa: E402
 from ampd.config import RunConfig, override  # noqa: E402
 from ampd.core.errors import InputError  # noqa: E402
+from ampd.measure import STABLE  # noqa: E402
+from ampd.policy.systems import get_system  # noqa: E402
+from ampd.runner import PointRunner  # noqa: E402
 from ampd.sweep import resolve_slo  # noqa: E402
 
 MODELS = ("Llama-3.1-70B", "Qwen3-32B", "Mixtral-8x7B")
@@ -41,6 +55,7 @@ SYSTEMS = ("ampd", "ampd-predictive", "pd-disagg")
 SAMPLE = 9
 KNEE_Z = 1.0
 BISECTIONS = 7
+REFINE_TOP_K = 5
 
 
 def _config(model: str, workload: str, num_gpus: int, rate_per_s: float, system: str = "ampd") -> RunConfig:
@@ -50,7 +65,7 @@ def _config(model: str, workload: str, num_gpus: int, rate_per_s: float, system:
 
 def _best_z(config: RunConfig) -> float:
     try:
-        return plan_for(config, top_k=1)[0].objective
+        return plan_for(config, top_k=1, local_share=AMPD_LOCAL_SHARE)[0].objective
     except InputError:
         return math.inf
 
@@ -66,16 +81,32 @@ def knee_rate(model: str, workload: str, num_gpus: int) -> float:
     return low
 
 
-def cell(model: str, workload: str, num_gpus: int) -> dict:
+def _carried(row: dict) -> float:
+    return row["slo_attainment"] if row["verdict"] == STABLE else 0.0
+
+
+def cell(model: str, workload: str, num_gpus: int, runner: PointRunner) -> dict:
     """Every system's planned and simulated ranking at the knee of one cell."""
     rate = knee_rate(model, workload, num_gpus)
     out = {"model": model, "workload": workload, "num_gpus": num_gpus, "rate_per_s": rate, "systems": {}}
     for system in SYSTEMS:
-        config = _config(model, workload, num_gpus, rate, system)
+        config = override(_config(model, workload, num_gpus, rate, system), planner={"refine_top_k": REFINE_TOP_K})
         share = default_local_share(system)
-        plans = plan_for(config, 3, share)
-        rows = simulate_plans(config, simulation_pool(config, plans, SAMPLE, share))
-        out["systems"][system] = {"local_share": share, "rows": rows, **agreement(rows)}
+        try:
+            plans = plan_for(override(config, planner={"refine_top_k": 0}), REFINE_TOP_K)
+        except InputError as refusal:
+            out["systems"][system] = {"co_designed": get_system(system).adaptive, "refused": str(refusal),
+                                      **agreement([])}
+            continue
+        rows = simulate_plans(config, simulation_pool(config, plans, SAMPLE, share), runner)
+        refined = str(plan_for(config, 1, runner=runner)[0].deployment)
+        result = {"co_designed": get_system(system).adaptive, "local_share": share, "rows": rows,
+                  "planned_local_share": {str(p.deployment): p.prefill.local_share for p in plans},
+                  "refined_best": refined, **agreement(rows)}
+        if result["comparable"]:
+            best = max(_carried(r) for r in rows)
+            result["refined_regret"] = best - _carried(next(r for r in rows if r["deployment"] == refined))
+        out["systems"][system] = result
     return out
 
 
@@ -85,12 +116,13 @@ def _rho(value: float | None) -> str:
 
 def _markdown(cells: list[dict]) -> str:
     lines = ["| model | workload (GPUs) | rate/s | system | planned top-3 (attain.) | simulated top-3 (attain.) "
-             "| same #1 | same top-3 set | same order | Spearman | regret |", "|" + "---|" * 11]
+             "| same #1 | same top-3 set | same order | Spearman | regret | refined regret |", "|" + "---|" * 12]
     for c in cells:
         for system, s in c["systems"].items():
             if not s["comparable"]:
+                why = "the planner refused" if "refused" in s else "no plan stable at this rate"
                 lines.append(f"| {c['model']} | {c['workload']} ({c['num_gpus']}) | {c['rate_per_s']:.3g} | {system} "
-                             f"| no plan stable at this rate | | | | | | |")
+                             f"| {why} | | | | | | | |")
                 continue
             attain = {r["deployment"]: attainment_text(r) for r in s["rows"]}
             planned = "; ".join(f"{d} ({attain[d]})" for d in s["planned_top"])
@@ -98,7 +130,8 @@ def _markdown(cells: list[dict]) -> str:
             lines.append(f"| {c['model']} | {c['workload']} ({c['num_gpus']}) | {c['rate_per_s']:.3g} | {system} "
                          f"| {planned} | {simulated} | {'yes' if s['same_best'] else 'no'} "
                          f"| {'yes' if s['same_top_set'] else 'no'} | {'yes' if s['same_top_order'] else 'no'} "
-                         f"| {_rho(s['spearman'])} | {100 * s['attainment_regret']:.1f} pp |")
+                         f"| {_rho(s['spearman'])} | {100 * s['attainment_regret']:.1f} pp "
+                         f"| {100 * s['refined_regret']:.1f} pp |")
     return "\n".join(lines)
 
 
@@ -109,27 +142,43 @@ def _summary(cells: list[dict]) -> dict:
         summary[system] = {key: sum(r[key] for r in runs) for key in ("same_best", "same_top_set", "same_top_order")}
         rhos = [r["spearman"] for r in runs if r["spearman"] is not None and r["spearman"] == r["spearman"]]
         summary[system]["mean_spearman"] = sum(rhos) / len(rhos) if rhos else None
-        summary[system]["mean_regret_pp"] = 100 * sum(r["attainment_regret"] for r in runs) / len(runs) if runs else None
+        for key, name in (("attainment_regret", "regret"), ("refined_regret", "refined_regret")):
+            regrets = [100 * r[key] for r in runs]
+            summary[system][f"mean_{name}_pp"] = sum(regrets) / len(regrets) if runs else None
+            summary[system][f"zero_{name}_cells"] = sum(1 for x in regrets if x == 0.0)
         summary[system]["cells"] = len(runs)
         summary[system]["cells_without_a_stable_plan"] = len(cells) - len(runs)
+        summary[system]["cells_refused"] = sum("refused" in c["systems"][system] for c in cells)
     return summary
 
 
+def _write(cells: list[dict], start: float) -> None:
+    """The result file with the cells done so far (a run cut short keeps them)."""
+    write_result("planner_agreement", {"gpu": "H20", "runs": "steady state", "sample": SAMPLE,
+                                       "knee_z": KNEE_Z, "refine_top_k": REFINE_TOP_K, "systems": list(SYSTEMS),
+                                       "cells_done": len(cells), "cells_planned": len(MODELS) * len(CELLS),
+                                       "summary": _summary(cells), "wall_s": time.perf_counter() - start,
+                                       "cells": cells, "markdown": _markdown(cells)})
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, help="parallel simulations (default: every core)")
+    parser.add_argument("--cache", type=Path, help="point cache folder kept between runs (default: a temporary one)")
+    args = parser.parse_args()
     start = time.perf_counter()
     cells = []
-    for model in MODELS:
-        for workload, num_gpus in CELLS:
-            cells.append(cell(model, workload, num_gpus))
-            print(f"{model} {workload} ({num_gpus} GPUs) at {cells[-1]['rate_per_s']:.3g}/s: "
-                  + ", ".join(f"{k}: rho {_rho(v['spearman'])}" for k, v in cells[-1]["systems"].items()), flush=True)
+    with tempfile.TemporaryDirectory() as temporary:
+        runner = PointRunner(args.jobs, progress=False, cache_dir=args.cache or Path(temporary))
+        for model in MODELS:
+            for workload, num_gpus in CELLS:
+                cells.append(cell(model, workload, num_gpus, runner))
+                _write(cells, start)
+                print(f"{model} {workload} ({num_gpus} GPUs) at {cells[-1]['rate_per_s']:.3g}/s: "
+                      + ", ".join(f"{k}: rho {_rho(v['spearman'])}, regret {v['attainment_regret']}, refined "
+                                  f"{v.get('refined_regret')}" for k, v in cells[-1]["systems"].items()), flush=True)
     print(_markdown(cells))
-    summary = _summary(cells)
-    print(summary)
-    write_result("planner_agreement", {"gpu": "H20", "runs": "steady state", "sample": SAMPLE,
-                                       "knee_z": KNEE_Z, "systems": list(SYSTEMS), "summary": summary,
-                                       "wall_s": time.perf_counter() - start, "cells": cells,
-                                       "markdown": _markdown(cells)})
+    print(_summary(cells))
 
 
 if __name__ == "__main__":

@@ -30,9 +30,12 @@ def test_plan_prints_and_writes_the_top_3_in_the_papers_notation(tmp_path, capsy
     assert len(names) == 3 == len(set(names)) and all(n.startswith("P:<TP=") and " D:<TP=" in n for n in names)
     assert all(p["status"] == "optimal" for p in result["plans"])
     assert [p["objective"] for p in result["plans"]] == sorted(p["objective"] for p in result["plans"])
-    assert result["local_share"] == 0.2 and result["config"]["workload"]["rate_per_s"] == 1.0
+    # ampd (the default system) is planned co-designed with its router: no fixed share
+    assert result["local_share"] is None and result["config"]["workload"]["rate_per_s"] == 1.0
     printed = capsys.readouterr().out
-    assert all(n in printed for n in names)
+    assert all(n in printed for n in names) and "co-designed" in printed
+    _run(SMALL + ["--out", str(tmp_path), "--local-share", "0.2"])
+    assert _plans(tmp_path)["local_share"] == 0.2
 
 
 def test_milp_gives_the_same_plans_as_scip(tmp_path):

@@ -244,6 +244,16 @@ class MeasureConfig(_Strict):
                                                           "to finish")
 
 
+class PlannerConfig(_Strict):
+    """The planner's options (docs/PLANNER.md). ``refine_top_k`` [our choice] 0 (off) by
+    default: refining costs k steady-state simulations each time a deployment is
+    planned (about a second each at 8 GPUs, far more at hundreds), and every ``auto``
+    run of a sweep plans; the agreement benchmark turns it on and reports both."""
+
+    refine_top_k: int = Field(0, ge=0, description="simulate the planner's k best plans in steady state and "
+                                                   "take them in simulated order (0: off)")
+
+
 class EngineWorker(_Strict):
     """One engine server the coordinator sends work to (``[[serve.workers]]``).
 
@@ -340,6 +350,7 @@ class RunConfig(_Strict):
     workload: WorkloadConfig = WorkloadConfig()
     measure: MeasureConfig = MeasureConfig()
     serve: ServeConfig = ServeConfig()
+    planner: PlannerConfig = PlannerConfig()
 
     @field_validator("system")
     @classmethod

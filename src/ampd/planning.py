@@ -9,9 +9,11 @@ from ampd.core.deployment import Deployment, ReplicaGroup, Role
 from ampd.core.session import Session
 from ampd.experiment import batching_for, measure_for, perf_model_for, sessions_for, slo_for
 from ampd.perf.interface import PerfModel
+from ampd.plan_simulation import refine
 from ampd.planner import AMPD_LOCAL_SHARE, Plan, plan_deployments
 from ampd.policy.routing import SloThresholds
 from ampd.policy.systems import get_system
+from ampd.runner import PointRunner
 from ampd.slo_rule import reference_tp
 
 AUTO = "auto"
@@ -40,20 +42,35 @@ def planner_inputs(config: RunConfig) -> tuple[list[Session], PerfModel, SloThre
 
 
 def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None,
-             solver: str = "scip") -> list[Plan]:
+             solver: str = "scip", runner: PointRunner | None = None) -> list[Plan]:
     """The planner's top-k deployments for a run configuration: its sessions, model,
     GPU, cluster size, thresholds (missing ones derived as for a run), SLO scope and
-    decode engines' batching (``batching_for``); ``local_share`` defaults to
+    decode engines' batching (``batching_for``).
+
+    A system with adaptive routing (``System.adaptive``) is planned co-designed with
+    its router (``ampd.planner.codesign``, prefill slack ``policy.alpha``) unless
+    ``local_share`` is given; every other system with ``local_share``, default
     ``default_local_share(config.system)``.
+
+    With ``planner.refine_top_k = k > 0``, the planner's best ``max(k, top_k)`` plans are
+    found and the first k simulated in steady state (``plan_simulation.refine``, with
+    ``runner``, default one on every core) and put in simulated order; the first
+    ``top_k`` come back.
 
     Raises:
         InputError: as ``ampd.planner.plan_deployments``, or an unknown model, GPU or system.
     """
+    co_designed = local_share is None and get_system(config.system).adaptive
     share = default_local_share(config.system) if local_share is None else local_share
     c = config.cluster
     sessions, perf, slo, window_s = planner_inputs(config)
-    return plan_deployments(sessions, perf, slo, c.num_gpus, c.gpus_per_server, top_k, share, solver,
-                            config.slo.scope.value, window_s, batching_for(config, perf))
+    refine_k = config.planner.refine_top_k
+    plans = plan_deployments(sessions, perf, slo, c.num_gpus, c.gpus_per_server, max(top_k, refine_k), share, solver,
+                             config.slo.scope.value, window_s, batching_for(config, perf),
+                             config.policy.alpha if co_designed else None)
+    if refine_k:
+        plans = refine(config, plans, refine_k, runner or PointRunner(progress=False))
+    return plans[:top_k]
 
 
 def colocated_default(config: RunConfig) -> Deployment:

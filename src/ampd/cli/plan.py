@@ -19,8 +19,10 @@ from ampd.config import RunConfig, override
 from ampd.experiment import batching_for, rate_for
 from ampd.measure import STABLE
 from ampd.metrics.report import write_json
+from ampd.plan_simulation import simulate_plans
 from ampd.planner import AMPD_LOCAL_SHARE, SOLVERS, Plan, enumerate_plans, estimate_tau
 from ampd.planning import default_local_share, plan_for, planner_inputs
+from ampd.policy.systems import get_system
 from ampd.runner import PointRunner
 from ampd.sweep import resolve_slo, workload_source
 
@@ -49,26 +51,6 @@ def simulation_pool(config: RunConfig, plans: Sequence[Plan], sample: int, local
     others = [p for p in enumerate_plans(table) if str(p.deployment) not in chosen]
     extra = random.Random(config.seed).sample(others, min(sample, len(others)))
     return sorted(list(plans) + extra, key=lambda p: p.order_key)
-
-
-def simulate_plans(config: RunConfig, pool: Sequence[Plan], jobs: int | None = None) -> list[dict]:
-    """Simulate every plan of ``pool`` (same sessions, system, thresholds and
-    measurement as ``config``) and rank them: stable runs by SLO attainment, ties by
-    mean TTFT; every other run (unstable: it does not carry the rate; transient: no
-    steady state to compare) shares the rank after them, since its figures rank
-    nothing. One row per plan, in pool order, with ``planned_rank`` (position in
-    ``pool``), ``simulated_rank`` (both from 1) and the run's ``verdict``."""
-    configs = [override(config, cluster={"deployment": str(p.deployment)}) for p in pool]
-    runs = PointRunner(jobs, progress=False)(configs)
-    stable = sorted((i for i in range(len(pool)) if runs[i]["verdict"] == STABLE),
-                    key=lambda i: (-runs[i]["slo_attainment"], runs[i]["ttft_mean_s"], i))
-    simulated_rank = {i: r + 1 for r, i in enumerate(stable)}
-    simulated_rank.update({i: len(stable) + 1 for i in range(len(pool)) if i not in simulated_rank})
-    return [{"deployment": str(p.deployment), "objective": p.objective, "planned_rank": i + 1,
-             "simulated_rank": simulated_rank[i], "slo_attainment": run["slo_attainment"],
-             "verdict": run["verdict"], "ttft_mean_s": run["ttft_mean_s"], "ttft_p95_s": run["ttft_p95_s"],
-             "itl_p95_s": run["itl_p95_s"], "local_prefill_share": run["local_prefill_share"]}
-            for i, (p, run) in enumerate(zip(pool, runs))]
 
 
 def _carried(row: dict) -> float:
@@ -153,18 +135,21 @@ def cmd_plan(args: argparse.Namespace) -> None:
     out_dir = output_dir(args, "out/plan")
     config = _config(args)
     share = default_local_share(config.system) if args.local_share is None else args.local_share
+    co_designed = args.local_share is None and get_system(config.system).adaptive
+    runner = PointRunner(args.jobs, progress=False)
     start = time.perf_counter()
-    plans = plan_for(config, args.top_k, share, args.solver)
+    plans = plan_for(config, args.top_k, args.local_share, args.solver, runner)
     planning_s = time.perf_counter() - start
     c, w = config.cluster, config.workload
+    routing = "co-designed with the router" if co_designed else f"local share {share:g}"
     print_table(_plans_table(f"{c.model} on {c.num_gpus} x {c.gpu}, {w.label} at {rate_for(config):g} sessions/s "
                              f"({w.arrival_process} arrivals), "
                              f"SLO TTFT {config.slo.ttft_s:.2f} s, ITL {1000 * config.slo.itl_s:.0f} ms; "
-                             f"local share {share:g}; {args.solver}, {planning_s:.2f} s", plans))
-    result = {"config": config.model_dump(mode="json"), "local_share": share, "solver": args.solver,
-              "planning_s": planning_s, "plans": [p.to_dict() for p in plans]}
+                             f"{routing}; {args.solver}, {planning_s:.2f} s", plans))
+    result = {"config": config.model_dump(mode="json"), "local_share": None if co_designed else share,
+              "solver": args.solver, "planning_s": planning_s, "plans": [p.to_dict() for p in plans]}
     if args.simulate:
-        rows = simulate_plans(config, simulation_pool(config, plans, args.sample, share), args.jobs)
+        rows = simulate_plans(config, simulation_pool(config, plans, args.sample, share), runner)
         print_table(_ranks_table(f"planned vs simulated rank ({config.system}, "
                                  f"{config.slo.scope.value} scope)", rows))
         result["simulated"], result["agreement"] = rows, agreement(rows, len(plans))
@@ -185,7 +170,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default="ampd", help="the system planned for and simulated (default: ampd)")
     p.add_argument("--top-k", type=_count(1), default=3, help="plans to print (default: 3)")
     p.add_argument("--local-share", type=float,
-                   help=f"share of prefills run locally (default: {AMPD_LOCAL_SHARE} for AMPD, 0 for pd-disagg)")
+                   help="a fixed share of prefills run locally (default: co-designed with the router for AMPD's "
+                        f"adaptive systems, 0 for the others; {AMPD_LOCAL_SHARE} was the planner's fixed AMPD share)")
     p.add_argument("--solver", choices=SOLVERS, default="scip", help="ILP solver (default: scip)")
     p.add_argument("--simulate", action="store_true", help="simulate the top-k and a sample of other plans")
     p.add_argument("--sample", type=_count(0), default=5, help="other feasible plans --simulate runs (default: 5)")

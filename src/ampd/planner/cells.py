@@ -3,7 +3,7 @@ latency normalised by the SLO threshold (AMPD.md section 2, [our choice])."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ampd.core.deployment import ReplicaGroup, Role
 
@@ -22,6 +22,12 @@ class TauCell:
             which only need the weights to fit).
         kv_capacity_tokens: KV tokens one replica of ``tp`` GPUs holds.
         reason: why the cell is overloaded; empty otherwise.
+        local_share: prefill cells under the router model (docs/PLANNER.md,
+            "Co-design"): the share of the window's prefills the router runs on decode
+            replicas when this cell is the prefill side; else 0 (a fixed share is the
+            table's, ``TauTable.local_share``).
+        local_tasks: indices in the nominal stream of those local prefills (not
+            compared: they follow from the other fields).
     """
 
     role: Role
@@ -32,6 +38,8 @@ class TauCell:
     kv_tokens: int
     kv_capacity_tokens: int
     reason: str = ""
+    local_share: float = 0.0
+    local_tasks: tuple[int, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def overloaded(self) -> bool:
@@ -81,4 +89,5 @@ class TauCell:
         """JSON-ready fields and tau."""
         return {"role": self.role.value, "tp": self.tp, "dp": self.dp, "p95_s": self.p95_s, "tau": self.tau,
                 "threshold_s": self.threshold_s, "kv_tokens": self.kv_tokens,
-                "kv_capacity_tokens": self.kv_capacity_tokens, "reason": self.reason}
+                "kv_capacity_tokens": self.kv_capacity_tokens, "reason": self.reason,
+                "local_share": self.local_share}

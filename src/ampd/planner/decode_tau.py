@@ -5,7 +5,8 @@ sessions, local prefills included, and the KV it must hold (AMPD.md section 2,
 The model, per replica (the binder spreads sessions evenly, so each of the k replicas
 gets 1/k of everything):
 
-- local prefills arrive at ``local_share x prefills per second / k`` and take from the
+- local prefills (``LocalLoad``: a fixed share spread over the stream, or the ones the
+  router model sends locally beside a given prefill side) arrive at their rate / k and take from the
   decode steps a share ``u`` of the time (their mean delay); how much, and how many
   token gaps each touches, is what the decode engine's batching makes of them
   (``ampd.policy.batching.local_prefill``, the estimate the router uses): a pause
@@ -55,6 +56,34 @@ _BISECTIONS = 40
 
 
 @dataclasses.dataclass(frozen=True)
+class LocalLoad:
+    """The local prefills the decode replicas carry together.
+
+    Attributes:
+        hist_tokens, new_tokens: shape (m,), sizes of prefills that stand for them
+            (their distribution is what matters).
+        per_s: local prefills per second over the whole decode side.
+    """
+
+    hist_tokens: np.ndarray
+    new_tokens: np.ndarray
+    per_s: float
+
+
+def spread_locals(stream: NominalStream) -> LocalLoad:
+    """A fixed share ``stream.local_share`` of the prefills, spread evenly over the
+    stream, so their sizes follow every task's."""
+    return LocalLoad(stream.hist_tokens, stream.new_tokens, stream.prefills_per_s * stream.local_share)
+
+
+def routed_locals(stream: NominalStream, tasks: tuple[int, ...]) -> LocalLoad:
+    """The prefills at ``tasks`` (indices in ``stream``, inside its window), the ones
+    the router model runs locally (``TauCell.local_tasks``); none: no local load."""
+    index = np.array(tasks, dtype=int)
+    return LocalLoad(stream.hist_tokens[index], stream.new_tokens[index], index.size / stream.span_s)
+
+
+@dataclasses.dataclass(frozen=True)
 class _LocalStats:
     """The local prefills of the stream on a replica's batch (``local_prefill``).
 
@@ -80,23 +109,25 @@ class _Replica:
     tp: int
     stream: NominalStream
     local: Callable[[int], _LocalStats]
+    local_per_s: float
     capacity_tokens: int
 
 
 def decode_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, itl_slo_s: float,
-                 scope: str, batching: Batching = Batching()) -> list[TauCell]:
+                 scope: str, batching: Batching = Batching(), local: LocalLoad | None = None) -> list[TauCell]:
     """tau_dec(tp, k) for k = 1..``max_dp`` (module docstring).
 
-    Local prefills are spread evenly over the stream, so their sizes follow the
-    stream's; their times are taken at ``tp``, the decode replica's degree, as
+    ``local``: the local prefills (default ``spread_locals(stream)``, the stream's
+    fixed share). Their times are taken at ``tp``, the decode replica's degree, as
     ``batching`` runs them. A pause does not depend on the batch: every task of
     the stream counts. Chunks do: [our choice] the tasks at the ``_PREFILL_LEVELS``
     quantiles of ``T_pre`` stand for the stream, so each batch a cell's fixed point
     visits costs 50 estimates, not one per task.
     """
-    tasks = list(zip(stream.hist_tokens.tolist(), stream.new_tokens.tolist()))
+    local = spread_locals(stream) if local is None else local
+    tasks = list(zip(local.hist_tokens.tolist(), local.new_tokens.tolist()))
     levels = (np.arange(_PREFILL_LEVELS) + 0.5) / _PREFILL_LEVELS
-    if batching.chunked:
+    if batching.chunked and tasks:
         by_time = np.argsort([perf.prefill_s(h, x, tp) for h, x in tasks], kind="stable")
         tasks = [tasks[i] for i in by_time[(levels * len(tasks)).astype(int)]]
     context_tokens = stream.decode.mean_context_tokens
@@ -110,14 +141,18 @@ def decode_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, i
         return _LocalStats(float(np.mean([run.delay_s for run in runs])), np.quantile(added, levels),
                            float(np.mean([len(run.added_s) for run in runs])))
 
-    local = local_at if batching.chunked else (lambda batch, paused=local_at(1): paused)
-    replica = _Replica(perf, tp, stream, local, perf.kv_capacity_tokens(tp))
+    if local.per_s == 0.0:  # no local prefill ever arrives: nothing of theirs to estimate
+        fixed = _LocalStats(0.0, np.zeros(levels.size), 0.0)
+    else:  # a pause does not depend on the batch, chunks do
+        fixed = None if batching.chunked else local_at(1)
+    stats = local_at if fixed is None else (lambda batch: fixed)
+    replica = _Replica(perf, tp, stream, stats, local.per_s, perf.kv_capacity_tokens(tp))
     return [_cell(replica, dp, itl_slo_s, scope) for dp in range(1, max_dp + 1)]
 
 
 def _cell(r: _Replica, dp: int, itl_slo_s: float, scope: str) -> TauCell:
     overloaded = TauCell(Role.DECODE, r.tp, dp, None, itl_slo_s, 0, r.capacity_tokens)
-    local_per_s = r.stream.prefills_per_s * r.stream.local_share / dp
+    local_per_s = r.local_per_s / dp
 
     def local_busy(others: float) -> float:
         """Share of the time local prefills take from the decode steps of a batch of

@@ -148,7 +148,10 @@ def _solve_scip(ilp: Ilp) -> tuple[tuple[int, ...], str]:
 def _solve_milp(ilp: Ilp) -> tuple[tuple[int, ...], str]:
     num_z = len(ilp.cells)
     result = milp(ilp.objective, constraints=LinearConstraint(ilp.matrix, ilp.lower, ilp.upper),
-                  integrality=np.append(np.ones(num_z), 0.0), bounds=Bounds(0.0, np.append(np.ones(num_z), np.inf)))
+                  integrality=np.append(np.ones(num_z), 0.0), bounds=Bounds(0.0, np.append(np.ones(num_z), np.inf)),
+                  # HiGHS's default relative gap (1e-4) spans several ranks once (U + 1) R is
+                  # in the 1e5s (256 GPUs): it returned the 3rd plan as the 2nd; ranks need 0
+                  options={"mip_rel_gap": 0.0})
     status = {0: "optimal", 2: "infeasible"}.get(result.status, result.message)
     if status != "optimal":
         return (), status

@@ -11,16 +11,18 @@ from ampd.core.session import Session
 from ampd.perf.interface import PerfModel
 from ampd.policy.batching import Batching
 from ampd.planner.cells import TauCell
+from ampd.planner.codesign import co_designed_plans
 from ampd.planner.ilp import SOLVERS, top_plans
 from ampd.planner.plans import Plan
-from ampd.planner.tau import AMPD_LOCAL_SHARE, TauTable, estimate_tau
+from ampd.planner.tau import AMPD_LOCAL_SHARE, TauTable, estimate_tau, tau_sides
 from ampd.policy.routing import SloThresholds
 
 
 def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, num_gpus: int,
                      gpus_per_server: int = 8, top_k: int = 3, local_share: float = AMPD_LOCAL_SHARE,
                      solver: str = "scip", scope: str = "mean",
-                     window_s: tuple[float, float] | None = None, batching: Batching = Batching()) -> list[Plan]:
+                     window_s: tuple[float, float] | None = None, batching: Batching = Batching(),
+                     router_alpha: float | None = None) -> list[Plan]:
     """The ``top_k`` best deployments of ``num_gpus`` GPUs for ``sessions``, best first.
 
     Each plan runs k prefill replicas of one degree and k' decode replicas of one
@@ -45,23 +47,38 @@ def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThres
             is read in it, the P95s are over its sessions); None: the whole stream.
         batching: how the decode replicas' engine runs a local prefill (a pause, the
             paper's default, or chunks mixed into decode steps).
+        router_alpha: None (default): ``local_share`` of the prefills run locally,
+            whatever the plan. A number: co-designed with adaptive routing of that
+            prefill slack (``codesign``): each plan's decode side carries the local
+            prefills its prefill side makes the router send there; ``local_share`` is
+            then unused.
 
     Raises:
         InputError: ``top_k`` < 1, an unknown solver or scope; the model fits at no degree; too
             few GPUs for one prefill and one decode replica; no feasible plan (the message
-            names the binding constraint: overload, memory or the GPU budget).
+            names the binding constraint: overload, memory or the GPU budget; co-designed:
+            also when every plan's decode side fails under its local prefills).
         AmpdError: the solver stopped without proving optimality.
     """
     if top_k < 1:
         raise InputError(f"top_k must be >= 1, got {top_k}")
     if solver not in SOLVERS:
         raise InputError(f"unknown solver {solver!r}; known: {', '.join(SOLVERS)}")
-    table = estimate_tau(sessions, perf, slo, num_gpus, gpus_per_server, local_share, scope, window_s=window_s,
-                         batching=batching)
-    plans = top_plans(table, top_k, solver)
-    if not plans:
-        raise InputError(why_infeasible(table))
-    return plans
+    if router_alpha is None:
+        table = estimate_tau(sessions, perf, slo, num_gpus, gpus_per_server, local_share, scope, window_s=window_s,
+                             batching=batching)
+        plans = top_plans(table, top_k, solver)
+        if not plans:
+            raise InputError(why_infeasible(table))
+        return plans
+    sides = tau_sides(sessions, perf, slo, num_gpus, gpus_per_server, 0.0, scope, window_s=window_s,
+                      batching=batching)
+    design = co_designed_plans(sides, router_alpha, top_k, solver)
+    if not design.plans:
+        bound = top_plans(design.bound, 1, solver)
+        raise InputError(f"no feasible plan on {num_gpus} GPUs once each decode side carries the local prefills "
+                         f"its prefill side induces under adaptive routing" if bound else why_infeasible(design.bound))
+    return list(design.plans)
 
 
 def why_infeasible(table: TauTable) -> str:

@@ -4,6 +4,7 @@ n share the nominal stream (AMPD.md section 2, [our choice]; docs/PLANNER.md).""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -13,9 +14,16 @@ from ampd.planner.cells import TauCell
 from ampd.planner.queueing import PrefillChains, fcfs_ttft_s
 from ampd.planner.stream import NominalStream
 
+_ROUTED_MAX_UTILISATION = 2.0
+"""[our choice] Under the router model, a prefill side whose replicas could carry less than
+half the prefill work is overloaded: the decode replicas would run most prefills for good,
+colocated serving in all but name, which the planner leaves out as it leaves out
+decode-only plans (docs/PLANNER.md); it also saves the Lindley passes and the co-design's
+visits to prefill sides that cannot win (the 5 s bound at 256 GPUs, issue 12)."""
+
 
 def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, ttft_slo_s: float,
-                  cross_server: bool, scope: str) -> list[TauCell]:
+                  cross_server: bool, scope: str, local_above_s: float = math.inf) -> list[TauCell]:
     """tau_pre(tp, k) for k = 1..``max_dp``.
 
     Each remote task's TTFT comes from the closed FCFS multi-server queue of
@@ -30,14 +38,27 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
     tasks of the sessions the window measures. Once no task waits at some k, more replicas change nothing, so
     larger k copy that cell.
 
+    Under the router model (``local_above_s`` finite, docs/PLANNER.md "Co-design"),
+    the router sends a task locally when its predicted remote TTFT exceeds
+    ``local_above_s`` (``queueing.fcfs_ttft_s``): the replicas never fall behind for
+    good, the overflow going to the decode replicas, so a cell whose replicas could not
+    carry the whole prefill work alone is a plan (the router keeps the longest
+    prefills local). Up to ``_ROUTED_MAX_UTILISATION``: beyond, it is overloaded. Each cell records the share and the indices of the window's tasks that ran locally, and
+    its P95 is over every measured task, local ones at their ``T_pre``: the router
+    chose where they run, so their TTFT is part of what this side delivers.
+
     Args:
         cross_server: KV moves over the network (the cluster spans servers and the
             placement is not known yet, so we take the slower link), else over NVLink.
+        local_above_s: alpha x the TTFT threshold under the router model, seconds;
+            ``math.inf`` (default): the stream's own remote tasks, a fixed share.
     """
     chains = _chains(stream, perf, tp, cross_server)
+    routed = local_above_s < math.inf
     work_s = sum(c for c, counted in zip(chains.compute_s, stream.remote & stream.in_window) if counted)
-    counted = stream.remote & stream.measured
+    counted = stream.measured if routed else stream.remote & stream.measured
     session = stream.session[counted]
+    in_window = stream.in_window
     base = TauCell(Role.PREFILL, tp, 0, None, ttft_slo_s, 0, perf.kv_capacity_tokens(tp))
     cells, saturated = [], None
     for dp in range(1, max_dp + 1):
@@ -45,14 +66,16 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
             cells.append(dataclasses.replace(saturated, dp=dp))
             continue
         utilisation = work_s / (dp * stream.span_s)
-        if utilisation >= 1.0:
+        if utilisation >= (_ROUTED_MAX_UTILISATION if routed else 1.0):
             reason = f"prefill work is {utilisation:.2f} x what {dp} replica(s) of TP={tp} serve"
             cells.append(dataclasses.replace(base, dp=dp, reason=reason))
             continue
-        ttft_s, waited = fcfs_ttft_s(chains, dp)
-        p95_s = _p95_s(np.array(ttft_s)[counted], session, scope)
-        cells.append(dataclasses.replace(base, dp=dp, p95_s=p95_s))
-        saturated = None if waited else cells[-1]
+        run = fcfs_ttft_s(chains, dp, local_above_s)
+        p95_s = _p95_s(np.array(run.ttft_s)[counted], session, scope)
+        local = np.array(run.local) & in_window if routed else np.zeros(in_window.size, dtype=bool)
+        cells.append(dataclasses.replace(base, dp=dp, p95_s=p95_s, local_share=float(local.sum() / in_window.sum()),
+                                         local_tasks=tuple(np.flatnonzero(local).tolist())))
+        saturated = None if run.waited else cells[-1]
     return cells
 
 

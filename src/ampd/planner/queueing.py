@@ -4,8 +4,10 @@ the prefill side of the tau estimate (AMPD.md section 2; docs/PLANNER.md, "Prefi
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,25 @@ class PrefillChains:
         return sorted(set(range(len(self.arrival_s))) - set(self.next_task))
 
 
-def fcfs_ttft_s(chains: PrefillChains, num_servers: int) -> tuple[list[float], bool]:
+class QueueRun(NamedTuple):
+    """What ``fcfs_ttft_s`` returns.
+
+    Attributes:
+        ttft_s: TTFT per task, seconds, shape (m,).
+        waited: True when some remote task found every replica busy, or (router
+            model) was sent locally while they were: more replicas change the run.
+        local: per task, True when it ran on its decode replica (flagged local in
+            the chains, or sent there by the router model), shape (m,).
+    """
+
+    ttft_s: list[float]
+    waited: bool
+    local: list[bool]
+
+
+def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = math.inf) -> QueueRun:
     """TTFT of each task on ``num_servers`` identical prefill replicas fed by one FCFS
-    queue, and whether any remote task found every replica busy.
+    queue, whether any remote task found every replica busy, and which tasks ran locally.
 
     Lindley's recursion for c servers, in ready order: a remote task goes to the replica
     whose compute frees first, at ``f``; it computes from ``max(ready + read, f)`` and its
@@ -51,12 +69,21 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int) -> tuple[list[float], b
     in the simulator. One shared queue is what plain PD disaggregation's least-loaded
     routing amounts to: the replica with the least queued work is the one that frees first.
 
+    The router model (``local_above_s`` finite; docs/PLANNER.md, "Co-design"): a task
+    the chains flag remote runs locally instead when the TTFT the adaptive router
+    predicts for it at the replica that frees first, ``max(f - ready, 0) + read +
+    compute + send`` (``ampd.policy.routing.PredictiveRouter``'s step 1 at the moment
+    the task is ready), exceeds ``local_above_s`` (alpha x the TTFT threshold). Steps 2
+    and 3 of Algorithm 1 are taken to run it locally (its decode replica within beta x
+    the ITL threshold, or a local estimate below a remote one already above alpha x
+    the threshold).
+
     Args:
         chains: the tasks; round 0 of every session carries its arrival.
         num_servers: replicas, >= 1.
-
-    Returns:
-        (TTFT per task in seconds, True when some remote task waited for a replica).
+        local_above_s: the predicted remote TTFT above which the router runs a task
+            locally, seconds; ``math.inf`` (default): every task the chains flag
+            remote runs remotely.
     """
     arrival_s, read_s, compute_s, send_s = chains.arrival_s, chains.read_s, chains.compute_s, chains.send_s
     remote, after_s, next_task = chains.remote, chains.after_s, chains.next_task
@@ -65,10 +92,16 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int) -> tuple[list[float], b
     heapq.heapify(pending)
     free_s = [float("-inf")] * num_servers
     ttft_s = [0.0] * len(arrival_s)
-    waited = False
+    local = [not r for r in remote]
+    routed, waited = local_above_s < math.inf, False
     while pending:
         ready, t = pop(pending)
-        if remote[t]:
+        if routed and remote[t]:
+            queued_s = free_s[0] - ready if free_s[0] > ready else 0.0
+            local[t] = queued_s + read_s[t] + compute_s[t] + send_s[t] > local_above_s
+            # sent away from busy replicas: more replicas would have kept it, as a wait would
+            waited = waited or (local[t] and queued_s > 0.0)
+        if not local[t]:
             start = ready + read_s[t]
             if free_s[0] > start:
                 start, waited = free_s[0], True
@@ -80,4 +113,4 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int) -> tuple[list[float], b
         ttft_s[t] = first - ready
         if next_task[t] >= 0:
             push(pending, (first + after_s[t], next_task[t]))
-    return ttft_s, waited
+    return QueueRun(ttft_s, waited, local)

@@ -3,6 +3,7 @@ plan on N GPUs can use (AMPD.md section 2, [our choice]; docs/PLANNER.md)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,9 +12,9 @@ from ampd.core.session import Session
 from ampd.perf.interface import PerfModel
 from ampd.policy.batching import Batching
 from ampd.planner.cells import TauCell
-from ampd.planner.decode_tau import decode_cells
+from ampd.planner.decode_tau import LocalLoad, decode_cells, spread_locals
 from ampd.planner.prefill_tau import prefill_cells
-from ampd.planner.stream import build_stream
+from ampd.planner.stream import NominalStream, build_stream
 from ampd.policy.routing import SloThresholds
 
 DEGREES = (1, 2, 4, 8)
@@ -85,13 +86,71 @@ def usable_degrees(perf: PerfModel, num_gpus: int, gpus_per_server: int,
     return tuple(n for n in fitting if n + smallest <= num_gpus)
 
 
+@dataclass(frozen=True)
+class TauSides:
+    """The pieces a tau table is built from, so the co-design's fixed point
+    (``codesign``) can rebuild the decode side for another local load.
+
+    Attributes:
+        stream: the nominal stream.
+        perf, slo, num_gpus, gpus_per_server, scope, batching: as ``estimate_tau``'s.
+        degrees: the usable degrees (``usable_degrees``).
+    """
+
+    stream: NominalStream
+    perf: PerfModel
+    slo: SloThresholds
+    num_gpus: int
+    gpus_per_server: int
+    scope: str
+    batching: Batching
+    degrees: tuple[int, ...]
+
+    def _max_dp(self, n: int) -> int:
+        return (self.num_gpus - self.degrees[0]) // n
+
+    def prefill(self, local_above_s: float = math.inf) -> tuple[TauCell, ...]:
+        """Every prefill cell (``prefill_tau.prefill_cells``; ``local_above_s``: its router model)."""
+        cross_server = self.num_gpus > self.gpus_per_server
+        return tuple(c for n in self.degrees for c in prefill_cells(
+            self.stream, self.perf, n, self._max_dp(n), self.slo.ttft_s, cross_server, self.scope, local_above_s))
+
+    def decode(self, local: LocalLoad) -> tuple[TauCell, ...]:
+        """Every decode cell carrying the local prefills ``local`` (``decode_tau.decode_cells``)."""
+        return tuple(c for n in self.degrees for c in decode_cells(
+            self.stream, self.perf, n, self._max_dp(n), self.slo.itl_s, self.scope, self.batching, local))
+
+    def table(self, prefill: tuple[TauCell, ...], decode: tuple[TauCell, ...], local_share: float) -> TauTable:
+        """The table of these cells; ``local_share``: the share the decode side carries."""
+        return TauTable(prefill, decode, self.slo, self.num_gpus, self.gpus_per_server, local_share, self.scope,
+                        self.degrees)
+
+
+def tau_sides(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, num_gpus: int,
+              gpus_per_server: int = 8, local_share: float = AMPD_LOCAL_SHARE, scope: str = "mean",
+              degrees: Sequence[int] = DEGREES, window_s: tuple[float, float] | None = None,
+              batching: Batching = Batching()) -> TauSides:
+    """The nominal stream of ``sessions`` (``stream.build_stream``, ``local_share`` of
+    its tasks local) and what the cells need; arguments as ``estimate_tau``.
+
+    Raises:
+        InputError: as ``estimate_tau``.
+    """
+    if scope not in SCOPES:
+        raise InputError(f"unknown scope {scope!r}; known: {', '.join(SCOPES)}")
+    usable = usable_degrees(perf, num_gpus, gpus_per_server, degrees)
+    stream = build_stream(sessions, slo.itl_s, local_share, window_s)
+    return TauSides(stream, perf, slo, num_gpus, gpus_per_server, scope, batching, usable)
+
+
 def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, num_gpus: int,
                  gpus_per_server: int = 8, local_share: float = AMPD_LOCAL_SHARE, scope: str = "mean",
                  degrees: Sequence[int] = DEGREES, window_s: tuple[float, float] | None = None,
                  batching: Batching = Batching()) -> TauTable:
     """tau_pre(n, k) (``prefill_tau``) and tau_dec(n, k) (``decode_tau``) over the nominal
     stream of ``sessions`` (``stream``), for every usable degree n and every k with
-    ``n k`` plus one smallest replica of the other role within ``num_gpus``.
+    ``n k`` plus one smallest replica of the other role within ``num_gpus``, with a
+    fixed share of local prefills (the router model's table: ``codesign``).
 
     Args:
         sessions: the workload, with arrival times (its rate is the load planned for).
@@ -108,14 +167,6 @@ def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThreshold
     Raises:
         InputError: as ``usable_degrees`` and ``stream.build_stream``; an unknown scope.
     """
-    if scope not in SCOPES:
-        raise InputError(f"unknown scope {scope!r}; known: {', '.join(SCOPES)}")
-    usable = usable_degrees(perf, num_gpus, gpus_per_server, degrees)
-    stream = build_stream(sessions, slo.itl_s, local_share, window_s)
-    cross_server = num_gpus > gpus_per_server
-    prefill, decode = [], []
-    for n in usable:
-        max_dp = (num_gpus - usable[0]) // n
-        prefill += prefill_cells(stream, perf, n, max_dp, slo.ttft_s, cross_server, scope)
-        decode += decode_cells(stream, perf, n, max_dp, slo.itl_s, scope, batching)
-    return TauTable(tuple(prefill), tuple(decode), slo, num_gpus, gpus_per_server, local_share, scope, usable)
+    sides = tau_sides(sessions, perf, slo, num_gpus, gpus_per_server, local_share, scope, degrees, window_s,
+                      batching)
+    return sides.table(sides.prefill(), sides.decode(spread_locals(sides.stream)), local_share)

@@ -1,0 +1,42 @@
+"""Plans judged by the simulator: every plan of a pool run in steady state and ranked
+(``ampd plan --simulate``, the agreement benchmark), and the planner's optional
+simulation-refined top-k (``[planner] refine_top_k``; docs/PLANNER.md, "Refined top-k")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ampd.config import RunConfig, override
+from ampd.measure import STABLE
+from ampd.planner import Plan
+from ampd.runner import PointRunner
+
+
+def simulate_plans(config: RunConfig, pool: Sequence[Plan], runner: PointRunner) -> list[dict]:
+    """Simulate every plan of ``pool`` (same sessions, system, thresholds and
+    measurement as ``config``) with ``runner`` and rank them: stable runs by SLO
+    attainment, ties by mean TTFT; every other run (unstable: it does not carry the
+    rate; transient: no steady state to compare) shares the rank after them, since its
+    figures rank nothing. One row per plan, in pool order, with ``planned_rank``
+    (position in ``pool``), ``simulated_rank`` (both from 1) and the run's ``verdict``."""
+    configs = [override(config, cluster={"deployment": str(p.deployment)}) for p in pool]
+    runs = runner(configs)
+    stable = sorted((i for i in range(len(pool)) if runs[i]["verdict"] == STABLE),
+                    key=lambda i: (-runs[i]["slo_attainment"], runs[i]["ttft_mean_s"], i))
+    simulated_rank = {i: r + 1 for r, i in enumerate(stable)}
+    simulated_rank.update({i: len(stable) + 1 for i in range(len(pool)) if i not in simulated_rank})
+    return [{"deployment": str(p.deployment), "objective": p.objective, "planned_rank": i + 1,
+             "simulated_rank": simulated_rank[i], "slo_attainment": run["slo_attainment"],
+             "verdict": run["verdict"], "ttft_mean_s": run["ttft_mean_s"], "ttft_p95_s": run["ttft_p95_s"],
+             "itl_p95_s": run["itl_p95_s"], "local_prefill_share": run["local_prefill_share"]}
+            for i, (p, run) in enumerate(zip(pool, runs))]
+
+
+def refine(config: RunConfig, plans: Sequence[Plan], top_k: int, runner: PointRunner) -> list[Plan]:
+    """``plans`` (the planner's order) with its first ``top_k`` in simulated order
+    (``simulate_plans``: stable runs by attainment, ties by mean TTFT; runs that are
+    not stable after them, in the planner's order), the rest after them unchanged."""
+    head = list(plans[:top_k])
+    rows = simulate_plans(config, head, runner)
+    order = sorted(range(len(head)), key=lambda i: (rows[i]["simulated_rank"], i))
+    return [head[i] for i in order] + list(plans[top_k:])

@@ -1,0 +1,48 @@
+"""The simulation-refined top-k (``[planner] refine_top_k``): the planner's k best plans
+put in the order their steady-state runs rank them, here with a stub runner whose rows
+are written by hand (the simulator itself is tested elsewhere)."""
+
+from ampd.config import RunConfig, override
+from ampd.core.deployment import Role
+from ampd.plan_simulation import refine
+from ampd.planner import Plan, TauCell
+from ampd.planning import plan_for
+
+
+class StubRunner:
+    """Answers every configuration with the row written for its deployment, and keeps
+    the deployments it was asked to run."""
+
+    def __init__(self, rows: dict[str, tuple[str, float]]) -> None:
+        self.rows, self.asked = rows, []
+
+    def __call__(self, configs: list[RunConfig]) -> list[dict]:
+        self.asked += [c.cluster.deployment for c in configs]
+        return [{"verdict": self.rows[c.cluster.deployment][0], "slo_attainment": self.rows[c.cluster.deployment][1],
+                 "ttft_mean_s": 1.0, "ttft_p95_s": 2.0, "itl_p95_s": 0.05, "local_prefill_share": 0.1}
+                for c in configs]
+
+
+def _plan(prefill_dp: int, decode_dp: int) -> Plan:
+    return Plan(TauCell(Role.PREFILL, 1, prefill_dp, 0.5, 1.0, 0, 100),
+                TauCell(Role.DECODE, 1, decode_dp, 0.05, 0.1, 0, 100), "optimal")
+
+
+def test_refine_puts_the_top_k_in_simulated_order_and_leaves_the_rest():
+    a, b, c, d = _plan(1, 1), _plan(1, 2), _plan(2, 1), _plan(2, 2)
+    runner = StubRunner({str(a.deployment): ("unstable", 0.90), str(b.deployment): ("stable", 0.80),
+                         str(c.deployment): ("stable", 0.95)})
+    # stable runs by attainment (c 95 %, b 80 %), then the unstable a whatever its figure;
+    # d, 4th, is not simulated and stays after them
+    assert refine(RunConfig(), [a, b, c, d], 3, runner) == [c, b, a, d]
+    assert runner.asked == [str(a.deployment), str(b.deployment), str(c.deployment)]
+
+
+def test_plan_for_with_refine_takes_the_simulated_best_of_the_planners_top_k():
+    config = override(RunConfig(), system="pd-disagg", workload={"name": "toolbench", "num_sessions": 40,
+                                                                  "rate_per_s": 1.0})
+    top = [str(p.deployment) for p in plan_for(config, 3)]
+    # the planner's 3rd plan simulates best, its 1st is unstable: refined, the 3rd comes first
+    runner = StubRunner({top[0]: ("unstable", 0.99), top[1]: ("stable", 0.90), top[2]: ("stable", 0.97)})
+    refined = plan_for(override(config, planner={"refine_top_k": 3}), 1, runner=runner)
+    assert [str(p.deployment) for p in refined] == [top[2]] and runner.asked == top
