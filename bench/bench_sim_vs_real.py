@@ -45,7 +45,9 @@ MAX_MODEL_LEN = 4096
 def config(model_dir: Path) -> RunConfig:
     """configs/serve_vllm_nixl_cpu.toml's cluster, timed by the profile."""
     return RunConfig(system="ampd-predictive",
-                     cluster={"perf_model": str(PROFILE), "num_gpus": 2, "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
+                     cluster={"perf_model": str(PROFILE), "num_gpus": 2, "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>",
+                              "decode_batching": "chunked"},
+                     policy={"chunk_tokens": 2048},
                      workload={"name": "toolbench", "num_sessions": NUM_SESSIONS, "rate_per_s": RATE_PER_S},
                      serve={**free_serve_ports(coordinators=1, engines=2), "engine": "vllm-nixl",
                             "served_model": "tiny-llama", "vllm_model": str(model_dir),
