@@ -342,8 +342,10 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     scope = config.slo.scope
     # A session's ITL slack is a mean-scope budget; under the strict scope the decode
     # workers report none, which a router reads as no slack (docs/SIMULATOR.md, "SLO routing").
+    # Kept only for a router that reads it.
+    tracks_slack = system.reads_itl_slack and scope is SloScope.MEAN
     options = WorkerOptions(p.window_s, knobs.batching, system.kv_retention, p.pin_ttl_s,
-                            slo.itl_s if scope is SloScope.MEAN else None)
+                            slo.itl_s if tracks_slack else None)
     cluster = SimCluster(specs, perf, router, system.make_queue_policy(slo, knobs), options)
     if plan is None:
         result = cluster.run(sessions)

@@ -58,6 +58,9 @@ class System:
             (``resident``, ``lru``, ``pinned``).
         adaptive: True for AMPD's adaptive routing and its variants, whose
             share of local prefills the planner must provision for.
+        reads_itl_slack: True when its router reads the decode batch's ITL slack
+            (``WorkerView.min_itl_slack_s``); the simulator's decode workers keep
+            that figure only then (it costs a heap operation per sequence and step).
     """
 
     name: str
@@ -69,6 +72,7 @@ class System:
     batching: str = "alternate"
     kv_retention: str = "resident"
     adaptive: bool = False
+    reads_itl_slack: bool = False
 
 
 def _adaptive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
@@ -124,7 +128,7 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            _predictive, _fcfs, needs_prefill_workers=False, adaptive=True),
     System("ampd-slo", "prefills placed by predicted TTFT and the decode batch's ITL slack, local ones in "
            "slack-sized chunks (ours, not the paper's) + Alg. 2",
-           _slo, _ttft_aware, needs_prefill_workers=False, batching="chunked", adaptive=True),
+           _slo, _ttft_aware, needs_prefill_workers=False, batching="chunked", adaptive=True, reads_itl_slack=True),
     System("ampd-no-reorder", "AMPD routing with FCFS queues (ablation)",
            _adaptive, _fcfs, needs_prefill_workers=False, adaptive=True),
     System("ampd-edf", "AMPD routing with deadline-aware queues (ampd-predictive-edf's; ablation)",
