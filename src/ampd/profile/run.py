@@ -146,12 +146,10 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
     mixed_new = min(grid.mixed_new_tokens, limit - 1)
     mixed_output = grid.decode_output_tokens
     if mixed_prompt + mixed_output <= limit:
-        if grid.chunk_tokens is None:
-            plan.append(("mixed", lambda: search_chunk_budget(decode, grid.mixed_batch_size, mixed_prompt,
-                                                              mixed_output, mixed_new, limit - mixed_prompt), True))
-        else:
-            plan.append(("mixed", lambda: measure_mixed(decode, grid.mixed_batch_size, mixed_prompt, mixed_output,
-                                                        mixed_new, limit - mixed_prompt), True))
+        # A known budget needs one probe (chunks or a pause?); an unknown one is searched for.
+        mixed = search_chunk_budget if grid.chunk_tokens is None else measure_mixed
+        plan.append(("mixed", lambda: mixed(decode, grid.mixed_batch_size, mixed_prompt, mixed_output, mixed_new,
+                                            limit - mixed_prompt), True))
     return plan
 
 
