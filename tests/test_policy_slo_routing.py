@@ -31,14 +31,14 @@ def _batch(worker, batch_size=4, slack_s=None, queue=()):
 
 
 def test_a_local_prefill_that_would_break_the_batch_itl_budget_is_refused():
-    # The engine pauses the batch (alternate). Task: 500 new tokens on 1,000 of history.
+    # No slack is credited ahead (horizon 0) here: the slack is the view's. The engine pauses the batch (alternate). Task: 500 new tokens on 1,000 of history.
     # Local: T_pre(1000, 500) = 0.01 + 0.5 + 0.1 = 0.61 s, TTFT 0.61 <= 0.9 x 1.0: it would
     # meet the TTFT SLO. The batch of 4 (step T_dec(4) = 0.028) sees one gap of
     # 0.028 + 0.61 = 0.638 s, spending 0.638 - 0.05 = 0.588 s of its tightest session's slack.
     # Remote: worker 1 is busy 2 s, then reads 1,000 tokens (0.01), prefills (0.61), returns
     # 500 (0.005): TTFT 2.625, a miss. Slack 0.5 < 0.588 -> local refused; no option meets the
     # SLO and ITL-safely, so the degradation takes the ITL-safe one: remote.
-    router = SloRouter(AlphaBetaStub(), SloThresholds(1.0, 0.05), 0.9, Batching())
+    router = SloRouter(AlphaBetaStub(), SloThresholds(1.0, 0.05), 0.9, Batching(), slack_horizon_tokens=0)
     cluster = view(_batch(decode(0), slack_s=0.5), prefill(1, busy_s=2.0, server=1))
     d = router.route(task(hist=1000, new=500), cluster, 0.0)
     assert (d.worker_id, d.local, d.rule) == (1, False, "slo-degraded")
@@ -51,8 +51,26 @@ def test_a_local_prefill_that_would_break_the_batch_itl_budget_is_refused():
     assert d.basis_s == pytest.approx(0.61)
 
 
+def test_a_session_is_credited_the_slack_its_next_tokens_earn():
+    # As above (0.5 s of slack, 0.588 s of damage: refused without credit), with the default
+    # horizon of 32 tokens: each of them decoded at T_dec(4) = 0.028 s earns 0.05 - 0.028 =
+    # 0.022 s, 0.704 s in all; 0.5 + 0.704 = 1.204 >= 0.588: the local prefill is safe.
+    router = SloRouter(AlphaBetaStub(), SloThresholds(1.0, 0.05), 0.9, Batching())
+    assert router.slack_s(_batch(decode(0), slack_s=0.5)) == pytest.approx(1.204)
+    cluster = view(_batch(decode(0), slack_s=0.5), prefill(1, busy_s=2.0, server=1))
+    d = router.route(task(hist=1000, new=500), cluster, 0.0)
+    assert (d.worker_id, d.local, d.rule) == (0, True, "slo-local")
+    # A horizon of 4 tokens earns 4 x 0.022 = 0.088 s; a step slower than the threshold earns
+    # nothing (a batch of 20: T_dec = 0.02 + 0.04 = 0.06 > 0.05), so -0.1 s stays -0.1.
+    assert SloRouter(AlphaBetaStub(), SloThresholds(1.0, 0.05), slack_horizon_tokens=4).slack_s(
+        _batch(decode(0), slack_s=0.5)) == pytest.approx(0.588)
+    assert router.slack_s(_batch(decode(0), batch_size=20, slack_s=-0.1)) == pytest.approx(-0.1)
+    # Unknown slack (the coordinator's view, the strict scope) is 0 and earns no credit.
+    assert router.slack_s(_batch(decode(0), slack_s=None)) == 0.0
+
+
 def test_the_local_chunk_is_the_largest_the_batch_slack_allows():
-    # ITL threshold 0.2 s; the batch: 4 sequences (T_dec(4) = 0.028 s), tightest slack
+    # No slack credited ahead (horizon 0). ITL threshold 0.2 s; the batch: 4 sequences (T_dec(4) = 0.028 s), tightest slack
     # 0.06255 s. Task: 400 new tokens, no history. A chunk of c tokens on h done is a mixed step
     # T_pre(h, c) + T_dec(4) - T_dec(1) = 0.01 + 0.001 c + 0.0001 h + 0.006, a gap of that
     # length, spending (step - 0.2) of the slack:
@@ -61,7 +79,7 @@ def test_the_local_chunk_is_the_largest_the_batch_slack_allows():
     #    + 0.016 + 0.001 (400 - c) + 0.0001 c - 0.2 = 0.032 + 0.0001 c <= 0.06255 for c <= 305.5;
     #  - fewer tokens per step spend less (three steps: -0.152 + 0.0003 c < 0).
     # Largest safe chunk: 305, run as 305 then 95: steps 0.321 and 0.1415, TTFT 0.4625.
-    router = SloRouter(AlphaBetaStub(), SloThresholds(1.0, 0.2), 0.9, CHUNKED)
+    router = SloRouter(AlphaBetaStub(), SloThresholds(1.0, 0.2), 0.9, CHUNKED, slack_horizon_tokens=0)
     cluster = view(_batch(decode(0), slack_s=0.06255), prefill(1, busy_s=5.0, server=1))
     d = router.route(task(hist=0, new=400), cluster, 0.0)
     assert (d.worker_id, d.local, d.rule, d.chunk_tokens) == (0, True, "slo-local", 305)
@@ -69,7 +87,8 @@ def test_the_local_chunk_is_the_largest_the_batch_slack_allows():
     # Served, the engine's budget is engine-wide: the estimate runs the task in one
     # 400-token step (0.416 s: TTFT met, 0.216 s of slack: unsafe), and the decision
     # carries no chunk; remote still misses, so the degradation goes remote.
-    served = SloRouter(AlphaBetaStub(), SloThresholds(1.0, 0.2), 0.9, CHUNKED, per_task_chunks=False)
+    served = SloRouter(AlphaBetaStub(), SloThresholds(1.0, 0.2), 0.9, CHUNKED, per_task_chunks=False,
+                       slack_horizon_tokens=0)
     d = served.route(task(hist=0, new=400), cluster, 0.0)
     assert (d.local, d.rule, d.chunk_tokens) == (False, "slo-degraded", None)
 
@@ -80,7 +99,7 @@ def test_queued_local_prefills_spend_the_slack_first():
     # Left: 0.06255 + 0.084 = 0.14655 -> 0.032 + 0.0001 c <= 0.14655 for every two-step
     # chunk; one step of 400 (0.216) is still too much: 399, after the 0.116 s ahead.
     # TTFT: 0.116 + (0.016 + 0.399) + (0.016 + 0.001 + 0.0399) = 0.5879.
-    router = SloRouter(AlphaBetaStub(), SloThresholds(1.0, 0.2), 0.9, CHUNKED)
+    router = SloRouter(AlphaBetaStub(), SloThresholds(1.0, 0.2), 0.9, CHUNKED, slack_horizon_tokens=0)
     ahead = dataclasses.replace(queued(0.11), task=task("q", hist=0, new=100), chunk_tokens=100)
     cluster = view(_batch(decode(0), slack_s=0.06255, queue=[ahead]), prefill(1, busy_s=5.0, server=1))
     d = router.route(task(hist=0, new=400), cluster, 0.0)

@@ -141,6 +141,8 @@ class PolicyConfig(_Strict):
     pin_ttl_s: float = Field(10.0, ge=0, description="how long continuum pins a session's KV after a round")
     max_postponements: int = Field(16, ge=1, description="deadline-aware queues (ampd-predictive-edf, ampd-edf, "
                                    "pd-disagg-edf): a task passed this many times runs next (starvation bound)")
+    slo_slack_horizon_tokens: int = Field(32, ge=0, description="ampd-slo: a decoding session is credited the ITL "
+                                          "slack its next this-many tokens earn (0: none)")
     # Dynamo's conditional disaggregation (dynamo-length, dynamo-busy, dynamo-conditional;
     # ThresholdRouter). Defaults: AMPD.md section 5's description of Dynamo's rules.
     dynamo_max_local_prefill_tokens: int = Field(2048, ge=1, description="length rule: an uncached prefill of "
@@ -153,7 +155,8 @@ class PolicyConfig(_Strict):
     def knobs(self) -> Knobs:
         """The systems' constants (``ampd.policy.systems.Knobs``) these fields set."""
         return Knobs(self.alpha, self.beta, self.reorder_window, self.dynamo_max_local_prefill_tokens,
-                     self.dynamo_max_uncached_ratio, self.dynamo_busy_queue_tasks, self.max_postponements)
+                     self.dynamo_max_uncached_ratio, self.dynamo_busy_queue_tasks, self.max_postponements,
+                     self.slo_slack_horizon_tokens)
 
 
 class WorkloadConfig(_Strict):

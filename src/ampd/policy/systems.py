@@ -16,7 +16,7 @@ from ampd.policy.reorder import Fcfs, QueuePolicy, ReturningFirst, TtftAwareReor
 from ampd.policy.routing import (
     AdaptiveRouter, AlwaysLocalRouter, AlwaysRemoteRouter, PredictiveRouter, Router, SloThresholds,
     ThresholdRouter)
-from ampd.policy.slo_routing import SloRouter
+from ampd.policy.slo_routing import SLACK_HORIZON_TOKENS, SloRouter
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class Knobs:
     beta 0.85, w 3), Dynamo's conditional-disaggregation thresholds
     (``ThresholdRouter``: 2048 tokens, 0.7 of the prompt, 2 waiting tasks), the
     deadline-aware queues' starvation bound (``DeadlineReorder``: 16 postponements,
-    [our choice], measured in docs/RESULTS.md, "Where reordering earns its keep") and
+    [our choice], measured in docs/RESULTS.md, "Where reordering earns its keep"),
+    ``ampd-slo``'s slack horizon (32 tokens, ``slo_routing.SLACK_HORIZON_TOKENS``) and
     the decode engines' batching the adaptive routers estimate ``t_local`` under
     (``decode_batching``; default the paper's pause), and whether those engines
     take a chunk size per local prefill (``per_task_chunks``: the simulator's do;
@@ -38,6 +39,7 @@ class Knobs:
     dynamo_max_uncached_ratio: float = 0.7
     dynamo_busy_queue_tasks: int = 2
     max_postponements: int = 16
+    slo_slack_horizon_tokens: int = SLACK_HORIZON_TOKENS
     batching: Batching = Batching()
     per_task_chunks: bool = True
 
@@ -84,7 +86,8 @@ def _predictive(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.R
 
 
 def _slo(perf: PerfModel, slo: SloThresholds, knobs: Knobs, rng: random.Random) -> Router:
-    return SloRouter(perf, slo, knobs.alpha, knobs.batching, knobs.per_task_chunks)
+    return SloRouter(perf, slo, knobs.alpha, knobs.batching, knobs.per_task_chunks,
+                     knobs.slo_slack_horizon_tokens)
 
 
 def _threshold(length_rule: bool, busy_rule: bool) -> Callable[[PerfModel, SloThresholds, Knobs, random.Random],
