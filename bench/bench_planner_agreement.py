@@ -51,7 +51,7 @@ from ampd.sweep import resolve_slo  # noqa: E402
 
 MODELS = ("Llama-3.1-70B", "Qwen3-32B", "Mixtral-8x7B")
 CELLS = (("toolbench", 8), ("hotpotqa", 8), ("dureader", 16), ("gaia", 32))
-SYSTEMS = ("ampd", "ampd-predictive", "pd-disagg")
+SYSTEMS = ("ampd", "ampd-predictive", "ampd-slo", "pd-disagg")
 SAMPLE = 9
 KNEE_Z = 1.0
 BISECTIONS = 7

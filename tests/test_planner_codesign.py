@@ -10,6 +10,7 @@ from ampd.planner.codesign import co_designed_plans
 from ampd.planner.queueing import PrefillChains, fcfs_ttft_s
 from ampd.planner.tau import tau_sides
 from ampd.policy.routing import SloThresholds
+from queue_runs import listed
 from stub_perf import StubPerf
 
 # Pairs of one-round sessions 0.1 s apart, every 10 s: 500 new tokens (0.5 s of prefill,
@@ -24,13 +25,13 @@ def test_router_model_sends_a_task_locally_when_its_predicted_ttft_is_too_long()
     chains = PrefillChains([0.0, 0.5, 1.0], [0.0] * 3, [2.0] * 3, [0.0] * 3, [True] * 3, [0.0] * 3, [-1] * 3)
     # one replica busy 0-2: task 1 would wait 1.5 s (3.5 s predicted), task 2 1 s (3 s): both
     # local, at their own 2 s; being sent away from a busy replica counts as a wait
-    assert fcfs_ttft_s(chains, 1, 2.5) == ([2.0, 2.0, 2.0], True, [False, True, True])
+    assert listed(fcfs_ttft_s(chains, 1, 2.5)) == ([2.0, 2.0, 2.0], True, [False, True, True])
     # two replicas: task 1 finds one free (2 s predicted) and stays remote; task 2 would wait
     # for the first to free at 2 (1 + 2 = 3 s > 2.5): local, and a third replica would keep it
-    assert fcfs_ttft_s(chains, 2, 2.5) == ([2.0, 2.0, 2.0], True, [False, False, True])
-    assert fcfs_ttft_s(chains, 3, 2.5) == ([2.0, 2.0, 2.0], False, [False, False, False])
+    assert listed(fcfs_ttft_s(chains, 2, 2.5)) == ([2.0, 2.0, 2.0], True, [False, False, True])
+    assert listed(fcfs_ttft_s(chains, 3, 2.5)) == ([2.0, 2.0, 2.0], False, [False, False, False])
     # no router model: the same queue keeps everything remote and waits
-    assert fcfs_ttft_s(chains, 1) == ([2.0, 3.5, 5.0], True, [False, False, False])
+    assert listed(fcfs_ttft_s(chains, 1)) == ([2.0, 3.5, 5.0], True, [False, False, False])
 
 
 def test_each_prefill_side_records_the_local_prefills_it_induces():

@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
 
+import numba
+import numpy as np
+
 
 @dataclass(frozen=True)
 class PrefillChains:
-    """Prefill tasks linked into sessions, shape (m,) each (plain lists: the recursion
-    runs in Python).
+    """Prefill tasks linked into sessions, shape (m,) each (any sequence; kept as
+    numpy arrays for the compiled recursion).
 
     Attributes:
         arrival_s: when the task's input exists if it opens its session; a later round's
@@ -26,18 +29,26 @@ class PrefillChains:
         next_task: index of the session's next round, -1 after the last.
     """
 
-    arrival_s: list[float]
-    read_s: list[float]
-    compute_s: list[float]
-    send_s: list[float]
-    remote: list[bool]
-    after_s: list[float]
-    next_task: list[int]
+    arrival_s: np.ndarray
+    read_s: np.ndarray
+    compute_s: np.ndarray
+    send_s: np.ndarray
+    remote: np.ndarray
+    after_s: np.ndarray
+    next_task: np.ndarray
+
+    def __post_init__(self) -> None:
+        for name in ("arrival_s", "read_s", "compute_s", "send_s", "after_s"):
+            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=np.float64))
+        object.__setattr__(self, "remote", np.asarray(self.remote, dtype=np.bool_))
+        object.__setattr__(self, "next_task", np.asarray(self.next_task, dtype=np.int64))
 
     @cached_property
-    def opening(self) -> list[int]:
-        """Indices of the tasks that open their session (no task leads to them)."""
-        return sorted(set(range(len(self.arrival_s))) - set(self.next_task))
+    def opening(self) -> np.ndarray:
+        """Indices of the tasks that open their session (no task leads to them), ascending."""
+        led = np.zeros(self.arrival_s.size, dtype=bool)
+        led[self.next_task[self.next_task >= 0]] = True
+        return np.flatnonzero(~led)
 
 
 class QueueRun(NamedTuple):
@@ -51,9 +62,9 @@ class QueueRun(NamedTuple):
             the chains, or sent there by the router model), shape (m,).
     """
 
-    ttft_s: list[float]
+    ttft_s: np.ndarray
     waited: bool
-    local: list[bool]
+    local: np.ndarray
 
 
 def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = math.inf) -> QueueRun:
@@ -85,17 +96,28 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
             locally, seconds; ``math.inf`` (default): every task the chains flag
             remote runs remotely.
     """
-    arrival_s, read_s, compute_s, send_s = chains.arrival_s, chains.read_s, chains.compute_s, chains.send_s
-    remote, after_s, next_task = chains.remote, chains.after_s, chains.next_task
-    pop, push, replace = heapq.heappop, heapq.heappush, heapq.heapreplace
-    pending = [(arrival_s[t], t) for t in chains.opening]
+    if chains.arrival_s.size == 0:
+        return QueueRun(np.zeros(0), False, np.zeros(0, dtype=bool))
+    ttft_s, waited, local = _lindley(chains.arrival_s, chains.read_s, chains.compute_s, chains.send_s,
+                                     chains.remote, chains.after_s, chains.next_task, chains.opening,
+                                     num_servers, local_above_s)
+    return QueueRun(ttft_s, bool(waited), local)
+
+
+# Compiled: the recursion is sequential (each task's start depends on the queue before it),
+# and in Python it was most of the planning time at 256 GPUs (issue 12: <= 5 s). The
+# arithmetic is the same IEEE operations in the same order as the loop reads.
+@numba.njit(cache=True)
+def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, opening, num_servers,
+             local_above_s):
+    pending = [(arrival_s[t], t) for t in opening]
     heapq.heapify(pending)
-    free_s = [float("-inf")] * num_servers
-    ttft_s = [0.0] * len(arrival_s)
-    local = [not r for r in remote]
+    free_s = [-math.inf] * num_servers
+    ttft_s = np.zeros(arrival_s.size)
+    local = ~remote
     routed, waited = local_above_s < math.inf, False
     while pending:
-        ready, t = pop(pending)
+        ready, t = heapq.heappop(pending)
         if routed and remote[t]:
             queued_s = free_s[0] - ready if free_s[0] > ready else 0.0
             local[t] = queued_s + read_s[t] + compute_s[t] + send_s[t] > local_above_s
@@ -106,11 +128,11 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
             if free_s[0] > start:
                 start, waited = free_s[0], True
             end = start + compute_s[t]
-            replace(free_s, end)
+            heapq.heapreplace(free_s, end)
             first = end + send_s[t]
         else:
             first = ready + compute_s[t]
         ttft_s[t] = first - ready
         if next_task[t] >= 0:
-            push(pending, (first + after_s[t], next_task[t]))
-    return QueueRun(ttft_s, waited, local)
+            heapq.heappush(pending, (first + after_s[t], next_task[t]))
+    return ttft_s, waited, local
