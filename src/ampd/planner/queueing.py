@@ -105,8 +105,9 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
 
 
 # Compiled: the recursion is sequential (each task's start depends on the queue before it),
-# and in Python it was most of the planning time at 256 GPUs (issue 12: <= 5 s). The
-# arithmetic is the same IEEE operations in the same order as the loop reads.
+# and in Python it was most of the planning time at 256 GPUs (issue 12: <= 5 s). The same
+# IEEE operations in the same order as the Python loop it replaced, which it matched bit for
+# bit on the 256-GPU stream (docs/PLANNER.md, "Planning time").
 @numba.njit(cache=True)
 def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, opening, num_servers,
              local_above_s):
