@@ -40,7 +40,7 @@ SLACK_HORIZON_TOKENS = 32
 """Tokens ahead whose earned slack a decoding session is credited, mean scope.
 [our choice] A session that just joined the batch has no slack yet, so without
 a forecast the tightest session is nearly always a newcomer and every local
-prefill is refused (measured: Mixtral-8x7B / hotpotqa, 8 GPUs, 3.09 sessions/s,
+prefill is refused (development runs: Mixtral-8x7B / hotpotqa, 8 GPUs, 3.09 sessions/s,
 attainment 85 % uncredited, 99.7 % with 32 tokens, 99.6 % with 100; 64 and 32
 within a point in five other cells, docs/SIMULATOR.md). 32 is below every
 workload's median round output (64-528 tokens, ``workload/specs.py``), so the
