@@ -71,8 +71,8 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
             cells.append(dataclasses.replace(base, dp=dp, reason=reason))
             continue
         run = fcfs_ttft_s(chains, dp, local_above_s)
-        p95_s = _p95_s(np.array(run.ttft_s)[counted], session, scope)
-        local = np.array(run.local) & in_window if routed else np.zeros(in_window.size, dtype=bool)
+        p95_s = _p95_s(run.ttft_s[counted], session, scope)
+        local = run.local & in_window if routed else np.zeros(in_window.size, dtype=bool)
         cells.append(dataclasses.replace(base, dp=dp, p95_s=p95_s, local_share=float(local.sum() / in_window.sum()),
                                          local_tasks=tuple(np.flatnonzero(local).tolist())))
         saturated = None if run.waited else cells[-1]
@@ -83,10 +83,10 @@ def _chains(stream: NominalStream, perf: PerfModel, tp: int, cross_server: bool)
     prefill = WorkerSpec(0, Role.PREFILL, tp, 0)
     decode = WorkerSpec(1, Role.DECODE, tp, 1 if cross_server else 0)
     hist, new = stream.hist_tokens.tolist(), stream.new_tokens.tolist()
-    return PrefillChains(stream.ready_s.tolist(), [perf.kv_transfer_s(h, decode, prefill) for h in hist],
+    return PrefillChains(stream.ready_s, [perf.kv_transfer_s(h, decode, prefill) for h in hist],
                          [perf.prefill_s(h, x, tp) for h, x in zip(hist, new)],
                          [perf.kv_transfer_s(x, prefill, decode) for x in new],
-                         stream.remote.tolist(), stream.after_s.tolist(), stream.next_task.tolist())
+                         stream.remote, stream.after_s, stream.next_task)
 
 
 def _p95_s(ttft_s: np.ndarray, session: np.ndarray, scope: str) -> float:
