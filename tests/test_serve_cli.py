@@ -136,3 +136,15 @@ def test_up_starts_again_at_once_on_the_same_ports_after_a_clean_stop(tmp_path):
     second = up()
     second.send_signal(signal.SIGINT)
     assert second.wait(timeout=30) == 0
+
+
+def test_throwaway_port_blocks_are_disjoint_and_below_the_ephemeral_range():
+    """A port the OS may give an outgoing connection as its local port (its
+    ephemeral range) can be taken between the free check and the server's bind:
+    blocks come from below that range, and two blocks chosen before either is
+    bound do not overlap."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    first, second = free_port_block(35), free_port_block(35)
+    assert first + 35 <= ephemeral_low and second + 35 <= ephemeral_low
+    assert not set(range(first, first + 35)) & set(range(second, second + 35))

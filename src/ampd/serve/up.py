@@ -46,20 +46,48 @@ class Child:
     reported: bool = False
 
 
-def free_port_block(count: int, tries: int = 100) -> int:
-    """A port ``p`` such that ``p .. p + count - 1`` are all free on loopback now,
-    starting from ports the OS hands out (for throwaway clusters: tests, benchmarks).
+def free_port_block(count: int) -> int:
+    """A port ``p`` such that ``p .. p + count - 1`` are all free on loopback now
+    (for throwaway clusters: tests, benchmarks).
+
+    Blocks come from below the OS's ephemeral range
+    (``/proc/sys/net/ipv4/ip_local_port_range``; IANA's 49152-65535 where that file
+    is missing): a port the OS hands out is also what every outgoing connection
+    (an HTTP client, a Redis client) may be given as its local port between this
+    check and the server's bind, which is how a CI run lost a test to "address
+    already in use". Successive calls in one process return disjoint blocks, and
+    processes start at different offsets (from the pid), so two clusters chosen
+    before either binds do not collide.
 
     Raises:
-        InputError: none found in ``tries`` attempts.
+        InputError: no free block below the ephemeral range.
     """
-    for _ in range(tries):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + count <= 65536 and all(_port_free(p) for p in range(port, port + count)):
+    global _next_port
+    low, high = _PORT_FLOOR, _ephemeral_low() - count
+    if high <= low:
+        raise InputError(f"no room for {count} consecutive ports below the ephemeral range")
+    span = high - low
+    if _next_port is None:
+        _next_port = low + (os.getpid() * 7919) % span
+    for step in range(0, span, count):
+        port = low + (_next_port - low + step) % span
+        if all(_port_free(p) for p in range(port, port + count)):
+            _next_port = port + count
             return port
-    raise InputError(f"no {count} consecutive free ports found")
+    raise InputError(f"no {count} consecutive free ports found in {low}-{high + count - 1}")
+
+
+# [our choice] above the registered services most machines run (databases, 8000s web servers).
+_PORT_FLOOR = 10000
+_next_port: int | None = None
+
+
+def _ephemeral_low() -> int:
+    """The first port of the OS's ephemeral range (49152, IANA's, where unknown)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 def free_serve_ports(coordinators: int = 2, engines: int = 32) -> dict[str, int]:
