@@ -5,7 +5,8 @@ over four mock engines, against ``ampd simulate`` of the same configuration: the
 sessions and arrivals, measured over the same window (36 s warm-up, 1,800 s window:
 about 1,100 sessions, enough for a verdict). SLO attainment and verdict on both sides, local-prefill share,
 mean TTFT, and the share of the window's rounds placed (local or remote) as the
-simulator placed them. The figures docs/SERVING.md quotes; tests/test_serve_cluster.py
+simulator placed them; for ``ampd-predictive`` and ``ampd-slo``, whose served
+routers read the decode batches the replicas report (``ampd.serve.decode_batch``). The figures docs/SERVING.md quotes; tests/test_serve_cluster.py
 asserts the tolerances on a shorter window.
 
 Run: ``python bench/bench_serve_parity.py`` -> ``bench/results/serve_parity.json``.
@@ -34,18 +35,20 @@ TIME_SCALE = 0.25
 REPLICAS = 2
 RATE_PER_S = 0.6
 MEASURE = {"warmup_s": 36.0, "window_s": 1800.0, "drain_s": 300.0}
+SYSTEMS = ("ampd-predictive", "ampd-slo")  # one after the other, in one run
 
 
-def _config() -> RunConfig:
-    return RunConfig(system="ampd-predictive",
+def _config(system: str) -> RunConfig:
+    return RunConfig(system=system,
                      cluster={"model": "Llama-3.1-70B", "gpu": "H20", "num_gpus": 8,
                               "deployment": "P:<TP=2,DP=2> D:<TP=2,DP=2>"},
                      workload={"name": "toolbench", "rate_per_s": RATE_PER_S}, measure=MEASURE,
                      serve={**free_serve_ports(), "time_scale": TIME_SCALE})
 
 
-def main() -> None:
-    config = _config()
+def _parity(system: str) -> dict:
+    """One system served and simulated; its figures."""
+    config = _config(system)
     sim = simulate(config)
     sessions = sessions_for(config, sim.plan)
     with tempfile.TemporaryDirectory() as logs, LocalCluster(config, logs, coordinators=REPLICAS) as cluster:
@@ -65,14 +68,19 @@ def main() -> None:
                    [r for r in sim.result.sessions if start <= r.arrival_s < end],
                    [r for r in records if start <= r.arrival_s < end]),
                "failed_sessions": sum(len(r.failed) for r in results)}
+    print(system)
     for k, v in figures.items():
-        print(f"{k}: {v:.3f}")
-    print(f"served: {stability.verdict} {stability.reason}; simulated: {sim.stability.verdict} "
+        print(f"  {k}: {v:.3f}")
+    print(f"  served: {stability.verdict} {stability.reason}; simulated: {sim.stability.verdict} "
           f"{sim.stability.reason}")
-    write_result("serve_parity", {"deployment": config.cluster.deployment, "rate_per_s": RATE_PER_S, **MEASURE,
-                                  "measured_sessions": served.num_sessions, "replicas": REPLICAS,
-                                  "time_scale": TIME_SCALE, "served_verdict": stability.verdict,
-                                  "simulated_verdict": sim.stability.verdict, **figures})
+    return {"measured_sessions": served.num_sessions, "served_verdict": stability.verdict,
+            "simulated_verdict": sim.stability.verdict, **figures}
+
+
+def main() -> None:
+    write_result("serve_parity", {"deployment": _config(SYSTEMS[0]).cluster.deployment, "rate_per_s": RATE_PER_S,
+                                  **MEASURE, "replicas": REPLICAS, "time_scale": TIME_SCALE,
+                                  "systems": {system: _parity(system) for system in SYSTEMS}})
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ async def _measure(read, workers: list[WorkerInfo], router, perf) -> list[float]
     for _ in range(REPEATS):
         start = time.perf_counter()
         states = await read(ids)
-        router.route(task, cluster_view(infos, states, perf, 101.0), 101.0)
+        router.route(task, cluster_view(infos, states, perf, 101.0, batch_max_age_s=1.0), 101.0)
         samples.append(time.perf_counter() - start)
     return samples
 

@@ -11,8 +11,8 @@ from ampd.core.task import PrefillTask
 from ampd.core.view import QueuedTask
 from ampd.serve.memory_store import MemoryStore
 from ampd.serve.redis_store import RedisStore
-from ampd.serve.store import (BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, MISSING, STARTED, TAKEN, QueueEntry,
-                              SessionState, StoreUnavailable, WorkerInfo)
+from ampd.serve.store import (BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, MISSING, STARTED, TAKEN, BatchReport,
+                              QueueEntry, SessionState, StoreUnavailable, WorkerInfo)
 
 _prefixes = itertools.count()
 WORKERS = [WorkerInfo(WorkerSpec(0, Role.PREFILL, 2, 0), "http://127.0.0.1:9000", "mock"),
@@ -183,6 +183,25 @@ def test_windows_average_the_last_window(make_store):
         # 12 s later the first sample (t=100) is out of the 10 s window, the second (t=105) too at 116
         assert (await store.snapshot([0], 112.0))[0].ttft_mean_s == pytest.approx(4.0)
         assert (await store.snapshot([0], 116.0))[0].ttft_mean_s is None
+        await store.close()
+    run(go())
+
+
+def test_each_replicas_batch_report_replaces_its_last_and_the_sessions_slack_round_trips(make_store):
+    async def go():
+        store = make_store()
+        await store.report_batch(1, "a", BatchReport(3, 900, -0.25, 50.0))
+        await store.report_batch(1, "b", BatchReport(1, 120, None, 50.5))
+        await store.report_batch(1, "a", BatchReport(2, 700, 0.125, 51.0))  # replaces a's first
+        s0, s1 = await store.snapshot([0, 1], 51.0)
+        assert s0.batches == {} and s1.batches == {"a": BatchReport(2, 700, 0.125, 51.0),
+                                                   "b": BatchReport(1, 120, None, 50.5)}
+        state = SessionState(1, 0, 300, 1, 1.0, "", -0.375)
+        assert await store.bind_session("s", state, 1000, "a#1", 10.0) == BOUND
+        assert (await store.start_round("s", "", "b#1", 10.0, 300, 2.0)).outcome == BUSY  # round 1 holds it
+        assert await store.close_round("s", "a#1", state, 1) == DONE
+        started = await store.start_round("s", "", "b#1", 10.0, 300, 2.0)
+        assert started.outcome == STARTED and started.after.itl_slack_s == -0.375 and started.after.num_rounds == 2
         await store.close()
     run(go())
 

@@ -50,15 +50,14 @@ class WorkerView:
             engine recomputes the history instead (vLLM's prefill servers,
             docs/SERVING.md): the cost model then charges that recompute.
         batch_size: sequences decoding on this (decode) worker, those about to
-            join its next step included; 0 when unknown (the coordinator does
-            not read it from the engines).
+            join its next step included (the coordinator: the rounds streaming
+            from it, ``ampd.serve.decode_batch``).
         context_tokens: KV tokens those sequences hold.
         min_itl_slack_s: the smallest ITL slack among the sessions decoding on
             this (decode) worker, seconds, mean scope: a session's ITL threshold
             times the token gaps it has had (every round so far) minus the sum of
             those gaps; negative when it is over budget. None when unknown (no
-            sequence decoding, or the coordinator, which does not see the engines'
-            batches).
+            sequence decoding, or the strict scope).
     """
 
     spec: WorkerSpec

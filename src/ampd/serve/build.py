@@ -15,6 +15,7 @@ from ampd.config import RunConfig
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.experiment import knobs_for, perf_model_for, require_tp, slo_for
+from ampd.metrics.slo import SloScope
 from ampd.policy.routing import SloThresholds
 from ampd.policy.systems import get_system
 from ampd.serve.app import create_app
@@ -89,7 +90,8 @@ def build_coordinator(config: RunConfig, replica_id: str = "") -> Coordinator:
                                  serve.admission_timeout_s, serve.health_interval_s, serve.session_idle_ttl_s,
                                  serve.stream_idle_timeout_s, serve.kv_audit_interval_s,
                                  session_block_tokens=serve.session_block_tokens,
-                                 history_read_min_tokens=serve.nixl_kv_recompute_threshold_tokens)
+                                 history_read_min_tokens=serve.nixl_kv_recompute_threshold_tokens,
+                                 itl_slack_threshold_s=slo.itl_s if config.slo.scope is SloScope.MEAN else None)
     return Coordinator(engine_workers(config), make_store(config), perf, system.make_router(perf, slo, knobs, rng),
                        system.make_queue_policy(slo, knobs), ScaledClock(serve.time_scale), options,
                        DecisionLog(serve.decisions_path or None))

@@ -32,6 +32,10 @@ class ScaledClock:
         """Wall seconds that ``model_s`` model seconds last."""
         return model_s * self.time_scale
 
+    def model_s(self, wall_s: float) -> float:
+        """Model seconds that ``wall_s`` wall seconds last."""
+        return wall_s / self.time_scale
+
     async def sleep(self, model_s: float) -> None:
         """Sleep ``model_s`` model seconds (none when <= 0)."""
         await asyncio.sleep(max(0.0, self.wall_s(model_s)))

@@ -45,6 +45,9 @@ class CoordinatorOptions:
         history_read_min_tokens: ``vllm-nixl`` engines recompute rather than
             read a history shorter than this (their ``kv_recompute_threshold``);
             no export is asked for one.
+        itl_slack_threshold_s: the ITL threshold the decode batches' slack is
+            kept against (mean scope, ``decode_batch``), model seconds; None: no
+            slack kept (strict scope).
     """
 
     replica_id: str
@@ -57,6 +60,7 @@ class CoordinatorOptions:
     kv_audit_interval_s: float = 5.0
     session_block_tokens: int = 16
     history_read_min_tokens: int = 64
+    itl_slack_threshold_s: float | None = None
 
 
 @dataclass

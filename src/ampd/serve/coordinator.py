@@ -10,6 +10,7 @@ and walks a round through them; each life cycle has its own file:
 | ``dispatch.py`` | the prefill queues this replica dispatches |
 | ``delivery.py`` | streaming a round, recovery from engine failures |
 | ``measure.py`` | the TTFT / ITL windows the router reads |
+| ``decode_batch.py`` | the decode batches the router reads (size, KV, ITL slack) |
 | ``health.py`` | engine liveness |
 | ``expiry.py`` | idle sessions |
 | ``audit.py`` | the KV reservation invariant; a store that restarted empty |
@@ -38,6 +39,7 @@ from ampd.serve.audit import ReservationAudit
 from ampd.serve.clock import ScaledClock
 from ampd.serve.context import CoordinatorOptions, ReplicaContext
 from ampd.serve.decision_log import DecisionLog
+from ampd.serve.decode_batch import REPORT_MAX_AGE_S, DecodeBatches
 from ampd.serve.delivery import RoundDelivery
 from ampd.serve.dispatch import PrefillDispatcher
 from ampd.serve.engine_client import PREFILL_SLOTS, READS_HISTORY, Chunk, EngineClient
@@ -86,7 +88,8 @@ class Coordinator:
         self.histories = HistoryIndex(store, options.session_block_tokens)
         self.remote = RemotePrefill(ctx, self.dispatcher, self.mirror)
         self.windows = LatencyWindows(ctx)
-        self.delivery = RoundDelivery(ctx, self.engines, self.health, self.sessions, self.windows)
+        self.batches = DecodeBatches(ctx, options.itl_slack_threshold_s)
+        self.delivery = RoundDelivery(ctx, self.engines, self.health, self.sessions, self.windows, self.batches)
         self.expiry = IdleExpiry(ctx, self.sessions)
         self.audit = ReservationAudit(ctx, self.sessions, self.health)
         self.sweep = InflightSweep(ctx, self.dispatcher, lambda: self._states(sorted(ctx.workers)))
@@ -129,8 +132,8 @@ class Coordinator:
             self.audit.epoch = await store.epoch()
         except StoreUnavailable as err:
             raise ServeError(503, f"cannot start: {err}") from err
-        for loop in (self.health.loop, self.sweep.loop, self.windows.flush_loop, self.expiry.loop, self.audit.loop,
-                     self.sessions.renew_loop):
+        for loop in (self.health.loop, self.sweep.loop, self.windows.flush_loop, self.batches.report_loop,
+                     self.expiry.loop, self.audit.loop, self.sessions.renew_loop):
             self._background.append(asyncio.create_task(loop()))
 
     async def stop(self) -> None:
@@ -229,7 +232,8 @@ class Coordinator:
                 output.extend(chunk.token_ids)
                 yield chunk
             self.ctx.metrics.rounds.labels("local" if trace.local else "remote").inc()
-            await self.sessions.finish(session_id, trace.decode_worker, need_tokens(request), request.last_round)
+            await self.sessions.finish(session_id, trace.decode_worker, need_tokens(request), request.last_round,
+                                       self.batches.slack_after(live))
             if request.session_source == FROM_PROMPT and not request.last_round:
                 await self.ctx.store_call(self.histories.record(session_id, scope, request.prompt, output))
             done = True
@@ -302,7 +306,8 @@ class Coordinator:
         all): from the replica's mirror of the store when it has one (no round
         trip), else from the store in one round trip."""
         states = await self._states(worker_ids if worker_ids is not None else sorted(self.ctx.workers))
-        return cluster_view(self.ctx.workers, states, self.ctx.perf, self.ctx.clock.now_s())
+        clock = self.ctx.clock
+        return cluster_view(self.ctx.workers, states, self.ctx.perf, clock.now_s(), clock.model_s(REPORT_MAX_AGE_S))
 
     async def _states(self, worker_ids: list[int]) -> list[WorkerState]:
         """The workers' shared state: the mirror's copy, or (no mirror, or it is

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import deque
 from pathlib import Path
 
@@ -26,9 +27,12 @@ class DecisionLog:
             self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed in close())
 
     def add(self, kind: str, decision: object, **extra: object) -> None:
-        """Record ``decision`` (a dataclass or a dict) under ``kind``."""
+        """Record ``decision`` (a dataclass or a dict) under ``kind``. A figure that
+        is not finite (a route option ruled out, e.g. a local prefill that would
+        break the batch's ITL budget: infinite TTFT) is kept as None, JSON having
+        no infinity, so the log and ``/ampd/decisions`` stay valid JSON."""
         row = dataclasses.asdict(decision) if dataclasses.is_dataclass(decision) else dict(decision)
-        row = {"kind": kind, **row, **extra}
+        row = _finite({"kind": kind, **row, **extra})
         self.entries.append(row)
         if self._file is not None:
             self._file.write(json.dumps(row, default=str) + "\n")
@@ -40,3 +44,14 @@ class DecisionLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _finite(value: object) -> object:
+    """``value`` with every non-finite float inside it (dicts, lists, tuples) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 from ampd.core.view import QueuedTask
 from ampd.serve.context import ReplicaContext
+from ampd.serve.decode_batch import DecodeBatches
 from ampd.serve.engine_client import Chunk, EngineClient, EngineError
 from ampd.serve.health import EngineHealth
 from ampd.serve.measure import LatencyWindows
@@ -30,11 +31,13 @@ class RoundDelivery:
         health: marks engines dead.
         sessions: moves a session off a dead engine.
         windows: where TTFT and ITL samples go.
+        batches: the decode batches a round streams in.
     """
 
     def __init__(self, ctx: ReplicaContext, engines: EngineClient, health: EngineHealth, sessions: SessionBook,
-                 windows: LatencyWindows) -> None:
+                 windows: LatencyWindows, batches: DecodeBatches) -> None:
         self.ctx, self.engines, self.health, self.sessions, self.windows = ctx, engines, health, sessions, windows
+        self.batches = batches
 
     async def deliver(self, live: LiveRound) -> AsyncIterator[Chunk]:
         """The round's chunks, across as many attempts as failures need (one per
@@ -63,13 +66,16 @@ class RoundDelivery:
 
     async def _stream_once(self, live: LiveRound, body: dict, first: bool) -> AsyncIterator[Chunk]:
         worker_id = live.trace.decode_worker
-        local_key = None
+        local_key, in_batch = None, False
         if first and live.trace.local and not live.trace.degraded:
             local_key = await self._track_local(live)
         try:
             async for chunk in self.engines.stream(self.ctx.workers[worker_id].url, body, live.task.session_id,
                                                    live.request.last_round):
                 if chunk.token_ids:
+                    if not in_batch:
+                        in_batch = True
+                        self.batches.joined(live)
                     if live.trace.first_token_s is None:
                         await self.windows.first_token(live.trace, len(chunk.token_ids))
                         if local_key is not None:  # the local prefill is done: out of the worker's queue
@@ -81,6 +87,8 @@ class RoundDelivery:
                 elif chunk.event.get("usage"):
                     live.usage = chunk.event["usage"]
         finally:
+            if in_batch:
+                self.batches.left(live)
             if local_key is not None:
                 await self.ctx.store_call(self.ctx.store.remove_inflight(worker_id, local_key))
 

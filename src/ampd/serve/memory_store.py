@@ -10,8 +10,8 @@ from collections import defaultdict
 
 from ampd.core.view import QueuedTask
 from ampd.policy.window import SlidingWindowMean
-from ampd.serve.store import (BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, MISSING, STARTED, TAKEN, HistoryEntry,
-                              QueueEntry, ResultHandler, RoundStart, SessionState, WorkerInfo, WorkerState)
+from ampd.serve.store import (BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, MISSING, STARTED, TAKEN, BatchReport,
+                              HistoryEntry, QueueEntry, ResultHandler, RoundStart, SessionState, WorkerInfo, WorkerState)
 
 
 class MemoryStore:
@@ -31,6 +31,7 @@ class MemoryStore:
         self._postponements: dict[str, int] = {}
         self._inflight: dict[int, dict[str, QueueEntry]] = defaultdict(dict)
         self._windows: dict[tuple[int, str], SlidingWindowMean] = {}
+        self._batches: dict[int, dict[str, BatchReport]] = defaultdict(dict)
         self._leases: dict[int, str] = {}
         self._handlers: dict[str, ResultHandler] = {}
         self._history: dict[str, list[HistoryEntry]] = {}  # prefix key -> entries, oldest first
@@ -55,7 +56,7 @@ class MemoryStore:
         queue = [self._with_postponements(e) for e, _ in self._queues[worker_id]]
         return WorkerState(worker_id, worker_id not in self._dead, queue, list(self._inflight[worker_id].values()),
                            self._mean(worker_id, "ttft", now_s), self._mean(worker_id, "itl", now_s),
-                           self._kv_used[worker_id])
+                           self._kv_used[worker_id], dict(self._batches[worker_id]))
 
     def _with_postponements(self, entry: QueueEntry) -> QueueEntry:
         count = self._postponements.get(entry.key, 0)
@@ -244,6 +245,9 @@ class MemoryStore:
     async def add_samples(self, worker_id: int, kind: str, now_s: float, total_s: float, count: int) -> None:
         window = self._windows.setdefault((worker_id, kind), SlidingWindowMean(self._window_s))
         window.add(now_s, total_s / count, count)
+
+    async def report_batch(self, worker_id: int, replica_id: str, report: BatchReport) -> None:
+        self._batches[worker_id][replica_id] = report
 
     async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
         holder = self._leases.setdefault(worker_id, owner)

@@ -47,7 +47,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ampd.core.view import QueuedTask
-from ampd.serve.store import (STARTED, HistoryEntry, QueueEntry, ResultHandler, RoundStart, SessionState,
+from ampd.serve.store import (STARTED, BatchReport, HistoryEntry, QueueEntry, ResultHandler, RoundStart, SessionState,
                               StoreUnavailable, WorkerInfo, WorkerState)
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,8 @@ ENTRY_CACHE_SIZE = 100_000  # decoded queue entries kept between snapshots
 
 # One JSON document for all the workers asked for (parsed by one json.loads), the
 # windows already summed over the buckets newer than ARGV[2]:
-# [[[entry, ...], dead, kv, ttft_sum, ttft_count, itl_sum, itl_count, [task, n, ...], [in-flight entry, ...]], ...]
+# [[[entry, ...], dead, kv, ttft_sum, ttft_count, itl_sum, itl_count, [task, n, ...], [in-flight entry, ...],
+#   [replica, batch report, ...]], ...]
 _SNAPSHOT = """
 local p, oldest = ARGV[1], tonumber(ARGV[2])
 local parts = {}
@@ -66,7 +67,7 @@ for i = 3, #ARGV do
   local fields = redis.call('HGETALL', p .. 'w:' .. id)
   local dead, kv = 0, '0'
   local sums = {ttft = {0, 0}, itl = {0, 0}}
-  local postponed, inflight = {}, {}
+  local postponed, inflight, batches = {}, {}, {}
   for j = 1, #fields, 2 do
     local name, value = fields[j], fields[j + 1]
     local kind = string.match(name, '^win:(%a+):')
@@ -80,11 +81,14 @@ for i = 3, #ARGV do
     elseif string.sub(name, 1, 6) == 'postp:' then
       postponed[#postponed + 1] = cjson.encode(string.sub(name, 7)) .. ',' .. value
     elseif string.sub(name, 1, 5) == 'infl:' then inflight[#inflight + 1] = value
+    elseif string.sub(name, 1, 6) == 'batch:' then
+      batches[#batches + 1] = cjson.encode(string.sub(name, 7)) .. ',' .. value
     end
   end
   parts[#parts + 1] = '[[' .. table.concat(redis.call('LRANGE', p .. 'q:' .. id, 0, -1), ',') .. '],' ..
     dead .. ',' .. kv .. ',' .. string.format('%.17g,%d,%.17g,%d', sums.ttft[1], sums.ttft[2], sums.itl[1],
-    sums.itl[2]) .. ',[' .. table.concat(postponed, ',') .. '],[' .. table.concat(inflight, ',') .. ']]'
+    sums.itl[2]) .. ',[' .. table.concat(postponed, ',') .. '],[' .. table.concat(inflight, ',') .. '],[' ..
+    table.concat(batches, ',') .. ']]'
 end
 return '[' .. table.concat(parts, ',') .. ']'
 """
@@ -367,12 +371,13 @@ class RedisStore:
         return [self._state(wid, row) for wid, row in zip(worker_ids, rows)]
 
     def _state(self, worker_id: int, row: list) -> WorkerState:
-        entries, dead, kv, ttft_sum, ttft_count, itl_sum, itl_count, postponed, inflight = row
+        entries, dead, kv, ttft_sum, ttft_count, itl_sum, itl_count, postponed, inflight, batches = row
         postponed = _pairs(postponed) if postponed else {}
+        batches = {replica: BatchReport.from_list(report) for replica, report in _pairs(batches).items()}
         queue = [self._entry(e, int(postponed.get(f"{e[0]}#{e[1]}", 0))) for e in entries]
         return WorkerState(worker_id, not dead, queue, [self._entry(e) for e in inflight],
                            ttft_sum / ttft_count if ttft_count else None, itl_sum / itl_count if itl_count else None,
-                           kv)
+                           kv, batches)
 
     def _entry(self, values: list, postponements: int = 0) -> QueueEntry:
         """A decoded entry, reused from earlier snapshots: a waiting task's entry
@@ -496,6 +501,13 @@ class RedisStore:
         bucket = math.floor(now_s / self.bucket_s)
         await self._script("samples", [self._k("w", worker_id)],
                            [f"win:{kind}:{bucket % (BUCKETS + 1)}", bucket, total_s, count, *self._feed(worker_id)])
+
+    async def report_batch(self, worker_id: int, replica_id: str, report: BatchReport) -> None:
+        # Not announced on the change feed: a replica streaming from the worker flushes its ITL
+        # samples in the same period, which is announced, and the mirrors re-read everything every
+        # ``StateMirror.refresh_s`` anyway; announcing it too doubled the feed's re-reads.
+        await self._run(self._redis.hset(self._k("w", worker_id), f"batch:{replica_id}",
+                                         json.dumps(report.to_list())))
 
     async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
         return bool(await self._run(self._redis.set(self._k("lease", worker_id), owner, nx=True, px=_ms(ttl_s))))

@@ -246,14 +246,17 @@ class SessionBook:
 
     # --- a round's end ------------------------------------------------------------------------
 
-    async def finish(self, session_id: str, decode_worker: int, held_tokens: int, last_round: bool) -> None:
+    async def finish(self, session_id: str, decode_worker: int, held_tokens: int, last_round: bool,
+                     itl_slack_s: float = 0.0) -> None:
         """The round delivered its output on ``decode_worker``: record what that
-        worker now holds (``held_tokens``), or drop the binding after the last round."""
+        worker now holds (``held_tokens``) and the session's ITL slack after it
+        (``SessionState.itl_slack_s``), or drop the binding after the last round."""
         opened = self.rounds[session_id]
         state = opened.state
         reserved = state.reserved_tokens if state.decode_worker == decode_worker else 0
         done = dataclasses.replace(state, decode_worker=decode_worker, held_tokens=held_tokens,
-                                   reserved_tokens=max(reserved, held_tokens), last_s=self.ctx.clock.now_s())
+                                   reserved_tokens=max(reserved, held_tokens), last_s=self.ctx.clock.now_s(),
+                                   itl_slack_s=itl_slack_s)
         await self._close(session_id, None if last_round else done, write=last_round or not opened.degraded)
 
     async def give_back(self, session_id: str) -> None:

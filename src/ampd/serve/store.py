@@ -96,6 +96,33 @@ def task_key(session_id: str, round_index: int) -> str:
     return f"{session_id}#{round_index}"
 
 
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    """One replica's part of a decode worker's batch: the rounds it streams from
+    that worker (``ampd.serve.decode_batch``).
+
+    Attributes:
+        batch_size: sequences streaming.
+        context_tokens: KV tokens they hold (prompt and output so far).
+        min_itl_slack_s: their smallest ITL slack, seconds (mean scope,
+            ``WorkerView.min_itl_slack_s``); None when not kept (strict scope) or
+            ``batch_size`` is 0.
+        as_of_s: when it was measured, model seconds.
+    """
+
+    batch_size: int
+    context_tokens: int
+    min_itl_slack_s: float | None
+    as_of_s: float
+
+    def to_list(self) -> list:
+        return [self.batch_size, self.context_tokens, self.min_itl_slack_s, self.as_of_s]
+
+    @classmethod
+    def from_list(cls, values: list) -> BatchReport:
+        return cls(*values)
+
+
 @dataclass(slots=True)
 class WorkerState:
     """One worker as the store holds it.
@@ -109,6 +136,8 @@ class WorkerState:
         ttft_mean_s, itl_mean_s: windowed mean TTFT (prefill workers) and ITL
             (decode workers), None when the window is empty.
         kv_used_tokens: KV reserved by the sessions bound to it (decode workers).
+        batches: the last ``BatchReport`` of each replica streaming from it
+            (decode workers), by replica id, stale ones included.
     """
 
     worker_id: int
@@ -118,6 +147,7 @@ class WorkerState:
     ttft_mean_s: float | None = None
     itl_mean_s: float | None = None
     kv_used_tokens: int = 0
+    batches: dict[str, BatchReport] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +164,8 @@ class SessionState:
         last_s: when it last started or finished a round, model seconds.
         scope: fingerprint of the API key that created it ("" without keys);
             rounds under another key are refused.
+        itl_slack_s: its ITL slack after its finished rounds, seconds (mean scope:
+            the ITL threshold times its token gaps minus their sum; 0 where not kept).
     """
 
     decode_worker: int
@@ -142,10 +174,11 @@ class SessionState:
     num_rounds: int = 0
     last_s: float = 0.0
     scope: str = ""
+    itl_slack_s: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps([self.decode_worker, self.held_tokens, self.reserved_tokens, self.num_rounds, self.last_s,
-                           self.scope])
+                           self.scope, self.itl_slack_s])
 
     @classmethod
     def from_json(cls, text: str) -> SessionState:
@@ -315,6 +348,11 @@ class StateStore(Protocol):
     async def add_samples(self, worker_id: int, kind: str, now_s: float, total_s: float, count: int) -> None:
         """Add ``count`` latency samples summing to ``total_s`` to a worker's
         ``kind`` window (``"ttft"`` or ``"itl"``)."""
+
+    async def report_batch(self, worker_id: int, replica_id: str, report: BatchReport) -> None:
+        """Replace replica ``replica_id``'s report of the batch it streams from
+        decode worker ``worker_id`` (``WorkerState.batches``). Not announced on a
+        change feed: the same replica's ITL samples of that worker are."""
 
     async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
         """Take the right to dispatch a worker's queue for ``ttl_s`` wall seconds;

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from ampd.core.deployment import Role
 from ampd.core.view import ClusterView, WorkerView
 from ampd.perf.interface import PerfModel
+from ampd.serve.decode_batch import merged
 from ampd.serve.engine_client import READS_HISTORY
 from ampd.serve.store import QueueEntry, WorkerInfo, WorkerState
 
@@ -22,21 +23,25 @@ def busy_s(inflight: Iterable[QueueEntry], now_s: float) -> float:
     return max(0.0, start_s + sum(e.queued.cost_s for e in entries) - now_s)
 
 
-def worker_view(info: WorkerInfo, state: WorkerState, perf: PerfModel, now_s: float) -> WorkerView:
+def worker_view(info: WorkerInfo, state: WorkerState, perf: PerfModel, now_s: float,
+                batch_max_age_s: float) -> WorkerView:
     """One worker as a policy sees it. A prefill worker's queue is the
     coordinator's queue for it and its busy time the dispatched work; a decode
-    worker's queue is its local prefills still before their first token."""
+    worker's queue is its local prefills still before their first token, its
+    batch what the replicas' reports no older than ``batch_max_age_s`` (model
+    seconds) add up to (``decode_batch``)."""
     spec = info.spec
     if spec.role is Role.PREFILL:
         return WorkerView(spec, tuple(e.queued for e in state.queue), busy_s(state.inflight, now_s),
                           state.ttft_mean_s, None, reads_history=READS_HISTORY[info.kind])
-    # The engines' batches are not in the store: batch and slack stay unknown
-    # (size 0, slack None), so a router reads the batch as empty (WorkerView).
+    batch = merged(state.batches, now_s, batch_max_age_s)
     return WorkerView(spec, tuple(e.queued for e in state.inflight), 0.0, None, state.itl_mean_s,
-                      perf.kv_capacity_tokens(spec.tp), state.kv_used_tokens, batch_size=0, min_itl_slack_s=None)
+                      perf.kv_capacity_tokens(spec.tp), state.kv_used_tokens, batch_size=batch.batch_size,
+                      context_tokens=batch.context_tokens, min_itl_slack_s=batch.min_itl_slack_s)
 
 
 def cluster_view(infos: Mapping[int, WorkerInfo], states: Iterable[WorkerState], perf: PerfModel,
-                 now_s: float) -> ClusterView:
+                 now_s: float, batch_max_age_s: float) -> ClusterView:
     """The live workers (dead ones are left out, so no policy picks them)."""
-    return ClusterView(tuple(worker_view(infos[s.worker_id], s, perf, now_s) for s in states if s.alive))
+    return ClusterView(tuple(worker_view(infos[s.worker_id], s, perf, now_s, batch_max_age_s)
+                             for s in states if s.alive))
