@@ -1,6 +1,6 @@
 """What an idle NIXL agent costs in CPU, with NIXL's own progress-thread setting
 (poll timeout 0) and with ampd's vLLM plugin (tools/vllm_plugin) setting it to
-1,000 us: the figures docs/SERVING.md, "NIXL busy polling", quotes.
+1,000 us: the figures docs/SERVING.md, "Busy polling on a host with few cores", quotes.
 
 Each case runs in .venv-vllm: vLLM's plugins load, one agent is built as vLLM's
 NixlConnector builds it (UCX, ``num_threads`` 4, telemetry), 4 MiB of DRAM is

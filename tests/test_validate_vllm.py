@@ -8,7 +8,10 @@ engines' own counters. Under plain PD disaggregation (``pd-disagg``) there is no
 to make: every round is prefilled on the one prefill engine, in the simulator and on
 the cluster alike, so every round is placed alike, none locally; and vLLM's prefill
 engine counts one prefill (``vllm:request_prefill_time_seconds``) per round, none of
-them the coordinator's.
+them the coordinator's. Each round is a prefill request and then a decode request,
+one after the other inside the client's TTFT: so the client's mean TTFT is at least
+the prefill engine's mean ``vllm:time_to_first_token_seconds`` plus the decode
+engine's, over the same rounds, and each engine's queued share is part of its own.
 """
 
 import json
@@ -40,4 +43,7 @@ def test_validate_on_vllm_places_and_counts_every_round_as_the_simulator(tmp_pat
     assert figures["local_share_real"] == figures["local_share_sim"] == 0.0
     assert side["remote_rounds"] == side["remote_prefills_engine"] == rounds
     assert side["itl_engine_s"] > 0 and side["itl_client_s"] > 0
+    assert side["ttft_client_s"] >= side["ttft_prefill_engine_s"] + side["ttft_decode_engine_s"]
+    assert 0 <= side["queue_prefill_engine_s"] <= side["ttft_prefill_engine_s"]
+    assert 0 <= side["queue_decode_engine_s"] <= side["ttft_decode_engine_s"]
     assert "where the gap lies" in capsys.readouterr().out

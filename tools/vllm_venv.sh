@@ -47,7 +47,7 @@ start_s=$SECONDS
 "${pip[@]}" install --quiet transformers tokenizers safetensors
 # NixlConnector (optional engine transport; --no-deps keeps the CPU torch).
 "${pip[@]}" install --quiet --no-deps "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION"
-# ampd's vLLM plugin: NIXL's progress-thread poll timeout (docs/SERVING.md, "NIXL busy polling").
+# ampd's vLLM plugin: no spinning on idle cores (docs/SERVING.md, "Busy polling on a host with few cores").
 "${pip[@]}" install --quiet --no-deps "$plugin"
 
 # Refuse a venv whose torch was swapped for a CUDA build.
@@ -61,7 +61,7 @@ if not got.startswith(want) or torch.version.cuda is not None:
 import vllm
 from nixl._api import nixl_agent  # noqa: F401  (import check only)
 from importlib.metadata import entry_points
-assert any(e.name == "ampd_nixl_progress_delay" for e in entry_points(group="vllm.general_plugins")), \
+assert any(e.name == "ampd" for e in entry_points(group="vllm.general_plugins")), \
     "ampd's vLLM plugin is not registered"
 print(f"torch {got}, vllm {vllm.__version__}, nixl importable, ampd plugin registered")
 PY

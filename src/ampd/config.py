@@ -329,6 +329,10 @@ class ServeConfig(_Strict):
     vllm_max_model_len: int = Field(4096, ge=64, description="ampd up: vLLM --max-model-len (longest prompt + "
                                                              "output; tools/tiny_model.py's model has 4096 "
                                                              "positions)")
+    vllm_shm_recheck_ms: int | None = Field(1, ge=1, description=(
+        "ampd up: a vLLM engine's model worker and engine core sleep between messages, rechecking their queue this "
+        "often, where vLLM spins for a second after each (null: vLLM's spinning; sleeping keeps engines that share "
+        "cores from starving each other)"))
     nixl_decoder_kv_ttl_s: int = Field(30, ge=1, description=(
         "vllm-nixl: seconds a decode engine holds a history it exported for a prefill engine to read; vLLM declines "
         "reads within 5 s of expiry, so 5 or less means every read is declined (history recomputed)"))

@@ -34,7 +34,12 @@ _ENGINE_ROWS = (("ITL, simulated (ms)", "itl_sim_s", 1e3), ("ITL, decode engines
                 ("remote prefill, prefill engines' counter (ms)", "remote_prefill_engine_s", 1e3),
                 ("remote rounds / prefills the engines counted", ("remote_rounds", "remote_prefills_engine"), None),
                 ("KV transfer, engines' counter (ms)", "kv_xfer_engine_s", 1e3),
-                ("KV transfers the engines counted", "kv_xfers_engine", None))
+                ("KV transfers the engines counted", "kv_xfers_engine", None),
+                ("TTFT, simulated (ms)", "ttft_sim_s", 1e3), ("TTFT, client (ms)", "ttft_client_s", 1e3),
+                ("TTFT, prefill engines' counter (ms)", "ttft_prefill_engine_s", 1e3),
+                ("  of which queued (ms)", "queue_prefill_engine_s", 1e3),
+                ("TTFT, decode engines' counter (ms)", "ttft_decode_engine_s", 1e3),
+                ("  of which queued (ms)", "queue_decode_engine_s", 1e3))
 
 
 def _engine_cell(side: dict, key: str | tuple[str, str], scale: float | None) -> str:

@@ -15,7 +15,14 @@ and after a real run splits the two:
   the engines' recompute threshold is computed again): the cost model checked on the
   run's own work under serving load, where the profile measured one probe at a time;
 - **KV transfers**: the engines' ``vllm:nixl_xfer_time_seconds`` (mean, count),
-  which the profile times one at a time on idle engines.
+  which the profile times one at a time on idle engines;
+- **TTFT** by stage: the simulator's and the client's mean, and per engine role the
+  engines' ``vllm:time_to_first_token_seconds`` (from the request's arrival at the
+  engine's API server to its first token) with the part of it spent queued
+  (``vllm:request_queue_time_seconds``: waiting for a step, and for a KV read). A
+  remote round's TTFT is its prefill engine's plus its decode engine's plus the path
+  between them (the coordinator, HTTP); a local round's, its decode engine's plus
+  the path.
 """
 
 from __future__ import annotations
@@ -27,7 +34,16 @@ import httpx
 
 from ampd.metrics.records import SessionRecord
 from ampd.perf.interface import PerfModel
-from ampd.profile.scrape import INTER_TOKEN_LATENCY, KV_XFER_TIME, PREFILL_TIME, Snapshot, delta, scrape
+from ampd.profile.scrape import (
+    INTER_TOKEN_LATENCY,
+    KV_XFER_TIME,
+    PREFILL_TIME,
+    QUEUE_TIME,
+    TIME_TO_FIRST_TOKEN,
+    Snapshot,
+    delta,
+    scrape,
+)
 
 
 async def snapshot_engines(urls: Sequence[str]) -> list[Snapshot]:
@@ -57,6 +73,12 @@ def _token_itl_s(sessions: Sequence[SessionRecord]) -> float | None:
     return _mean(total, count)
 
 
+def _round_ttft_s(sessions: Sequence[SessionRecord]) -> float | None:
+    """Mean TTFT over every round that produced a token (round-weighted)."""
+    ttfts = [r.ttft_s for s in sessions for r in s.rounds if r.first_token_s is not None]
+    return statistics.fmean(ttfts) if ttfts else None
+
+
 def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequence[Snapshot],
                 real: Sequence[SessionRecord], sim: Sequence[SessionRecord], perf: PerfModel, prefill_tp: int,
                 history_read_min_tokens: int | None) -> dict[str, float | int | None]:
@@ -78,8 +100,10 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
         ``remote_prefill_model_s`` and ``remote_prefill_engine_s`` (means, seconds)
         with ``remote_rounds`` (rounds the real run prefilled remotely) and
         ``remote_prefills_engine`` (prefills the prefill engines counted);
-        ``kv_xfer_engine_s`` (mean, seconds) and ``kv_xfers_engine`` (count). A mean
-        with nothing to average is None.
+        ``kv_xfer_engine_s`` (mean, seconds) and ``kv_xfers_engine`` (count);
+        ``ttft_sim_s``, ``ttft_client_s`` (means over rounds, seconds) and, for each
+        role R, ``ttft_R_engine_s`` and ``queue_R_engine_s`` (the engines' means,
+        seconds). A mean with nothing to average is None.
     """
     def of(role: str) -> tuple[list[Snapshot], list[Snapshot]]:
         pairs = [(b, a) for r, b, a in zip(roles, before, after) if r == role]
@@ -100,6 +124,10 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
         "remote_prefill_engine_s": _mean(prefill_sum_s, prefill_count),
         "remote_rounds": len(remote), "remote_prefills_engine": int(prefill_count),
         "kv_xfer_engine_s": _mean(xfer_sum_s, xfer_count), "kv_xfers_engine": int(xfer_count),
+        "ttft_sim_s": _round_ttft_s(sim), "ttft_client_s": _round_ttft_s(real),
+        **{f"{what}_{role}_engine_s": _mean(*_gained(*of(role), histogram))
+           for role in ("prefill", "decode") for what, histogram in (("ttft", TIME_TO_FIRST_TOKEN),
+                                                                     ("queue", QUEUE_TIME))},
     }
 
 

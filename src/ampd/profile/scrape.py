@@ -18,6 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ampd.core.errors import AmpdError
 
 PREFILL_TIME = "vllm:request_prefill_time_seconds"
+QUEUE_TIME = "vllm:request_queue_time_seconds"
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
 INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
 DECODE_TIME = "vllm:request_decode_time_seconds"
 KV_XFER_TIME = "vllm:nixl_xfer_time_seconds"

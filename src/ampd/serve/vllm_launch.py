@@ -47,6 +47,7 @@ PREFILL_KV_TRANSFER_PARAMS = {"do_remote_decode": True, "do_remote_prefill": Fal
 LOG_TAIL_LINES = 20
 # Read by tools/vllm_plugin (installed into .venv-vllm by tools/vllm_venv.sh).
 NIXL_PROGRESS_DELAY_ENV = "AMPD_NIXL_PROGRESS_DELAY_US"
+SHM_RECHECK_ENV = "AMPD_VLLM_SHM_RECHECK_MS"
 # ampd up: an engine on port N handshakes NIXL on port N + this [our choice].
 NIXL_SIDE_CHANNEL_OFFSET = 1000
 
@@ -160,6 +161,15 @@ class ServerSpec:
         served_model_name: the ``model`` requests name; None: ``model_dir``.
         kv_cache_gib: KV cache size in GiB (``VLLM_CPU_KVCACHE_SPACE``, whole GiB).
         omp_threads: OpenMP threads of the model worker (unbound to cores).
+        shm_recheck_ms: where vLLM's shared-memory queue readers (model worker,
+            engine core) spin for a second after each message, sleep instead and
+            recheck the queue this often, milliseconds; None: vLLM's spinning.
+            [our choice: 1 ms: two spinning engines take both cores of this
+            project's machine from everything else, and a wake-up the queue's
+            notify socket drops then costs 1 ms instead of vLLM's 5 s recheck
+            (docs/SERVING.md, "Busy polling on a host with few cores"); a GPU
+            node with a core per process to spare can keep vLLM's spinning.]
+            Applied by tools/vllm_plugin.
         max_model_len: longest prompt plus output, tokens.
         max_num_batched_tokens: tokens one engine step may carry (vLLM V1 chunks a
             longer prefill into steps of this budget, decodes included). [our choice]
@@ -181,6 +191,7 @@ class ServerSpec:
     served_model_name: str | None = None
     kv_cache_gib: int = 1
     omp_threads: int = 1
+    shm_recheck_ms: int | None = 1
     max_model_len: int = 4096
     max_num_batched_tokens: int = 2048
     block_size: int = 32
@@ -199,6 +210,8 @@ class ServerSpec:
             raise InputError(f"vLLM block_size {self.block_size}: the CPU backend needs a multiple of 32")
         if self.kv_cache_gib < 1 or self.omp_threads < 1:
             raise InputError("vLLM server: kv_cache_gib and omp_threads must be at least 1")
+        if self.shm_recheck_ms is not None and self.shm_recheck_ms < 1:
+            raise InputError(f"vLLM server shm_recheck_ms {self.shm_recheck_ms}: expected at least 1, or None")
 
     @property
     def url(self) -> str:
@@ -258,6 +271,8 @@ def server_env(spec: ServerSpec) -> dict[str, str]:
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": str(spec.omp_threads),
     }
+    if spec.shm_recheck_ms is not None:
+        env[SHM_RECHECK_ENV] = str(spec.shm_recheck_ms)
     if spec.connector is not None:
         env.update(spec.connector.env(spec.host))
     return env
@@ -352,7 +367,8 @@ def server_command(config: RunConfig, role: Role, port: int, log_dir: Path) -> t
                      else ExampleConnector(Path(log_dir) / "kv-store"))
     spec = ServerSpec(role=role, python=Path(serve.vllm_python), model_dir=Path(serve.vllm_model), port=port,
                       connector=connector, served_model_name=serve.served_model or config.cluster.model,
-                      max_model_len=serve.vllm_max_model_len, max_num_batched_tokens=config.policy.chunk_tokens)
+                      max_model_len=serve.vllm_max_model_len, max_num_batched_tokens=config.policy.chunk_tokens,
+                      shm_recheck_ms=serve.vllm_shm_recheck_ms)
     if isinstance(connector, ExampleConnector):
         Path(connector.storage_path).mkdir(parents=True, exist_ok=True)
     return server_argv(spec), server_env(spec)
