@@ -13,16 +13,17 @@ import httpx
 import pytest
 
 from ampd.config import RunConfig, override
+from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.task import PrefillTask
 from ampd.serve.build import serve_slo
 from ampd.serve.clock import ScaledClock
 from ampd.serve.context import CoordinatorOptions, ReplicaContext
 from ampd.serve.decision_log import DecisionLog
-from ampd.serve.decode_batch import DecodeBatches, batch_report, merged, round_slack_s
+from ampd.serve.decode_batch import STALE_REPORT_AGE_S, DecodeBatches, batch_report, merged, round_slack_s
 from ampd.serve.memory_store import MemoryStore
 from ampd.serve.redis_store import RedisStore
 from ampd.serve.rounds import LiveRound, RoundRequest, RoundTrace
-from ampd.serve.store import BatchReport, SessionState
+from ampd.serve.store import BatchReport, SessionState, WorkerInfo
 from ampd.serve.up import LocalCluster, free_serve_ports
 from serve_rounds import metric, prompt_of, run, send_round
 
@@ -88,6 +89,24 @@ def test_a_replica_reports_while_it_streams_and_once_when_it_stops():
         (state,) = await store.snapshot([3], 0.0)
         assert state.batches["replica-a"].batch_size == 9
         assert batches.slack_after(A) == pytest.approx(0.1)
+    run(go())
+
+
+def test_a_replica_drops_the_reports_of_replicas_silent_for_a_minute():
+    async def go():
+        store, clock = MemoryStore(), ScaledClock()
+        workers = {0: WorkerInfo(WorkerSpec(0, Role.PREFILL, 1, 0), "http://p"),
+                   3: WorkerInfo(WorkerSpec(3, Role.DECODE, 1, 1), "http://d")}
+        options = CoordinatorOptions("replica-a", "m", itl_slack_threshold_s=THR_S)
+        batches = DecodeBatches(ReplicaContext(workers, store, None, clock, options, DecisionLog()), THR_S)
+        now_s = clock.now_s()
+        await store.report_batch(3, "gone", BatchReport(1, 10, None, now_s - STALE_REPORT_AGE_S - 1.0))
+        await store.report_batch(3, "quiet", BatchReport(1, 10, None, now_s - STALE_REPORT_AGE_S + 30.0))
+        batches.joined(A)
+        await batches.report()
+        assert await batches.drop_stale() == 1
+        (state,) = await store.snapshot([3], now_s)
+        assert sorted(state.batches) == ["quiet", "replica-a"]
     run(go())
 
 

@@ -187,6 +187,23 @@ def test_windows_average_the_last_window(make_store):
     run(go())
 
 
+def test_stopped_replicas_batch_reports_are_dropped_by_age_and_no_other(make_store):
+    async def go():
+        store = make_store()
+        await store.report_batch(1, "stopped", BatchReport(2, 500, 0.5, 30.0))
+        await store.report_batch(1, "crashed", BatchReport(1, 90, None, 59.5))
+        await store.report_batch(1, "live", BatchReport(3, 800, -0.25, 100.0))
+        await store.report_batch(2, "stopped", BatchReport(1, 10, None, 10.0))
+        await store.add_samples(1, "itl", 99.0, 0.5, 10)  # another field of the same hash: stays
+        assert await store.drop_batch_reports(1, 60.0) == 2
+        s1, s2 = await store.snapshot([1, 2], 100.0)
+        assert s1.batches == {"live": BatchReport(3, 800, -0.25, 100.0)} and s1.itl_mean_s == pytest.approx(0.05)
+        assert s2.batches == {"stopped": BatchReport(1, 10, None, 10.0)}  # another worker: untouched
+        assert await store.drop_batch_reports(1, 60.0) == 0
+        await store.close()
+    run(go())
+
+
 def test_each_replicas_batch_report_replaces_its_last_and_the_sessions_slack_round_trips(make_store):
     async def go():
         store = make_store()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 
+from ampd.core.deployment import Role
 from ampd.serve.context import ReplicaContext
 from ampd.serve.rounds import LiveRound
 from ampd.serve.store import BatchReport
@@ -27,6 +28,12 @@ REPORT_INTERVAL_S = 0.1
 # [our choice] wall seconds: a report older than this is from a replica that stopped (or
 # lost the store); ten missed periods, so a starved replica's report is not dropped early.
 REPORT_MAX_AGE_S = 1.0
+# [our choice] wall seconds: a replica removes, every this often, the reports of replicas
+# silent for STALE_REPORT_AGE_S (stopped or crashed: a replica that leaves a worker reports
+# it empty, and a live one reports every period). Without it each restart (a new replica id)
+# would leave a field in every decode engine's hash that each snapshot reads for good.
+DROP_INTERVAL_S = 10.0
+STALE_REPORT_AGE_S = 60.0
 
 
 def round_slack_s(live: LiveRound, itl_threshold_s: float) -> float:
@@ -73,6 +80,7 @@ class DecodeBatches:
         self.ctx, self.itl_threshold_s = ctx, itl_threshold_s
         self._streaming: dict[int, dict[str, LiveRound]] = {}
         self._reported: set[int] = set()  # workers whose last report was not empty
+        self._decode_ids = sorted(i for i, w in ctx.workers.items() if w.spec.role is Role.DECODE)
 
     def joined(self, live: LiveRound) -> None:
         """``live`` streams tokens from its decode worker from now on."""
@@ -88,10 +96,25 @@ class DecodeBatches:
 
     async def report_loop(self) -> None:
         """Report every worker this replica streams from (and, once, each it
-        stopped streaming from), forever."""
+        stopped streaming from), and drop stopped replicas' reports, forever."""
+        last_drop_s = self.ctx.clock.now_s()
         while True:
             await asyncio.sleep(REPORT_INTERVAL_S)
             await self.report()
+            if self.ctx.clock.now_s() - last_drop_s >= self.ctx.clock.model_s(DROP_INTERVAL_S):
+                last_drop_s = self.ctx.clock.now_s()
+                await self.drop_stale()
+
+    async def drop_stale(self) -> int:
+        """Remove every decode worker's reports older than ``STALE_REPORT_AGE_S``;
+        how many were removed (0 when the store did not answer)."""
+        before_s = self.ctx.clock.now_s() - self.ctx.clock.model_s(STALE_REPORT_AGE_S)
+        dropped = 0
+        for worker_id in self._decode_ids:
+            dropped += await self.ctx.store_call(self.ctx.store.drop_batch_reports(worker_id, before_s)) or 0
+            if not self.ctx.store_ok:  # tried again next interval
+                break
+        return dropped
 
     async def report(self) -> None:
         """One round of reports (``report_loop``)."""

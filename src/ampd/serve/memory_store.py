@@ -249,6 +249,13 @@ class MemoryStore:
     async def report_batch(self, worker_id: int, replica_id: str, report: BatchReport) -> None:
         self._batches[worker_id][replica_id] = report
 
+    async def drop_batch_reports(self, worker_id: int, before_s: float) -> int:
+        reports = self._batches[worker_id]
+        stale = [replica for replica, report in reports.items() if report.as_of_s < before_s]
+        for replica in stale:
+            del reports[replica]
+        return len(stale)
+
     async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
         holder = self._leases.setdefault(worker_id, owner)
         return holder == owner

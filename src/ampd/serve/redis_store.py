@@ -309,6 +309,17 @@ redis.call('HSET', KEYS[1], ARGV[1], string.format('%d|%.17g|%d', bucket, total,
 redis.call('PUBLISH', ARGV[5], ARGV[6])
 """
 
+# KEYS: worker hash; ARGV: before (model s). A report is ``[size, kv, slack, as_of]``.
+_DROP_BATCHES = """
+local fields, dropped = redis.call('HGETALL', KEYS[1]), 0
+for j = 1, #fields, 2 do
+  if string.sub(fields[j], 1, 6) == 'batch:' and cjson.decode(fields[j + 1])[4] < tonumber(ARGV[1]) then
+    redis.call('HDEL', KEYS[1], fields[j]); dropped = dropped + 1
+  end
+end
+return dropped
+"""
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -335,7 +346,8 @@ class RedisStore:
         self._scripts = {name: self._redis.register_script(code) for name, code in (
             ("snapshot", _SNAPSHOT), ("bind", _BIND), ("start", _START), ("put", _PUT), ("renew", _RENEW),
             ("expire", _EXPIRE), ("audit", _AUDIT), ("restore", _RESTORE), ("index", _INDEX), ("epoch", _EPOCH),
-            ("push", _PUSH), ("take", _TAKE), ("samples", _SAMPLES), ("release", _RELEASE))}
+            ("push", _PUSH), ("take", _TAKE), ("samples", _SAMPLES), ("drop_batches", _DROP_BATCHES),
+            ("release", _RELEASE))}
         self._listeners: list[asyncio.Task] = []
         self._entries: dict[tuple, QueueEntry] = {}
 
@@ -508,6 +520,9 @@ class RedisStore:
         # ``StateMirror.refresh_s`` anyway; announcing it too doubled the feed's re-reads.
         await self._run(self._redis.hset(self._k("w", worker_id), f"batch:{replica_id}",
                                          json.dumps(report.to_list())))
+
+    async def drop_batch_reports(self, worker_id: int, before_s: float) -> int:
+        return await self._script("drop_batches", [self._k("w", worker_id)], [repr(before_s)])
 
     async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
         return bool(await self._run(self._redis.set(self._k("lease", worker_id), owner, nx=True, px=_ms(ttl_s))))

@@ -354,6 +354,11 @@ class StateStore(Protocol):
         decode worker ``worker_id`` (``WorkerState.batches``). Not announced on a
         change feed: the same replica's ITL samples of that worker are."""
 
+    async def drop_batch_reports(self, worker_id: int, before_s: float) -> int:
+        """Remove decode worker ``worker_id``'s batch reports measured before
+        ``before_s`` (model seconds): those of replicas that stopped. Returns how
+        many were removed."""
+
     async def acquire_lease(self, worker_id: int, owner: str, ttl_s: float) -> bool:
         """Take the right to dispatch a worker's queue for ``ttl_s`` wall seconds;
         False when another owner holds it."""
