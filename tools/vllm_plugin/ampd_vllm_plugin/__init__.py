@@ -61,7 +61,10 @@ def _positive_int(name: str, unit: str) -> int | None:
     raw = os.environ.get(name)
     if not raw:
         return None
-    value = int(raw)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
     if value <= 0:
         raise ValueError(f"{name}={raw!r}: expected a positive number of {unit}")
     return value
