@@ -4,13 +4,10 @@ on a host with few cores", says, checked on the objects vLLM builds."""
 
 import os
 import subprocess
-from pathlib import Path
 
 from ampd.config import RunConfig
 from ampd.serve.vllm_launch import NIXL_PROGRESS_DELAY_ENV, SHM_RECHECK_ENV, server_command
-
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = Path(os.environ.get("AMPD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+from vllm_servers import VLLM_PYTHON
 
 
 def _run_in_vllm(script: str, env: dict[str, str]) -> None:

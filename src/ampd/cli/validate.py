@@ -27,7 +27,8 @@ _ROWS = (("mean TTFT, relative error", "ttft_mean_rel_error", "{:.1%}"),
          ("local prefill share (first side)", "local_share_real", "{:.1%}"),
          ("local prefill share (second side)", "local_share_sim", "{:.1%}"),
          ("sessions compared", "num_sessions", "{}"))
-# The engines' own counters per real run (ampd.profile.engine_side): where a gap lies.
+# The engines' own counters per real run (ampd.profile.engine_side) beside the run's own
+# means (``compare``): where a gap lies.
 _ENGINE_ROWS = (("ITL, simulated (ms)", "itl_sim_s", 1e3), ("ITL, decode engines' counter (ms)", "itl_engine_s", 1e3),
                 ("ITL, client (ms)", "itl_client_s", 1e3),
                 ("remote prefill, profile's T_pre (ms)", "remote_prefill_model_s", 1e3),
@@ -35,7 +36,7 @@ _ENGINE_ROWS = (("ITL, simulated (ms)", "itl_sim_s", 1e3), ("ITL, decode engines
                 ("remote rounds / prefills the engines counted", ("remote_rounds", "remote_prefills_engine"), None),
                 ("KV transfer, engines' counter (ms)", "kv_xfer_engine_s", 1e3),
                 ("KV transfers the engines counted", "kv_xfers_engine", None),
-                ("TTFT, simulated (ms)", "ttft_sim_s", 1e3), ("TTFT, client (ms)", "ttft_client_s", 1e3),
+                ("TTFT, simulated (ms)", "sim_ttft_mean_s", 1e3), ("TTFT, client (ms)", "real_ttft_mean_s", 1e3),
                 ("TTFT, prefill engines' counter (ms)", "ttft_prefill_engine_s", 1e3),
                 ("  of which queued (ms)", "queue_prefill_engine_s", 1e3),
                 ("TTFT, decode engines' counter (ms)", "ttft_decode_engine_s", 1e3),
@@ -74,7 +75,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
     for i in range(len(result.engine_side)):
         engines.add_column(f"real run {i + 1}", justify="right")
     for label, key, scale in _ENGINE_ROWS:
-        engines.add_row(label, *(_engine_cell(side, key, scale) for side in result.engine_side))
+        engines.add_row(label, *(_engine_cell({**figures, **side}, key, scale)
+                                 for figures, side in zip(result.figures, result.engine_side)))
     print_table(engines)
     failed = sum(len(run.failed) for run in result.runs)
     write_json(out_dir / "validate.json", {

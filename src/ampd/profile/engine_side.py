@@ -16,8 +16,8 @@ and after a real run splits the two:
   run's own work under serving load, where the profile measured one probe at a time;
 - **KV transfers**: the engines' ``vllm:nixl_xfer_time_seconds`` (mean, count),
   which the profile times one at a time on idle engines;
-- **TTFT** by stage: the simulator's and the client's mean, and per engine role the
-  engines' ``vllm:time_to_first_token_seconds`` (from the request's arrival at the
+- **TTFT** by stage (the client's and the simulator's means are ``compare``'s): per
+  engine role the engines' ``vllm:time_to_first_token_seconds`` (from the request's arrival at the
   engine's API server to its first token) with the part of it spent queued
   (``vllm:request_queue_time_seconds``: waiting for a step, and for a KV read). A
   remote round's TTFT is its prefill engine's plus its decode engine's plus the path
@@ -73,12 +73,6 @@ def _token_itl_s(sessions: Sequence[SessionRecord]) -> float | None:
     return _mean(total, count)
 
 
-def _round_ttft_s(sessions: Sequence[SessionRecord]) -> float | None:
-    """Mean TTFT over every round that produced a token (round-weighted)."""
-    ttfts = [r.ttft_s for s in sessions for r in s.rounds if r.first_token_s is not None]
-    return statistics.fmean(ttfts) if ttfts else None
-
-
 def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequence[Snapshot],
                 real: Sequence[SessionRecord], sim: Sequence[SessionRecord], perf: PerfModel, prefill_tp: int,
                 history_read_min_tokens: int | None) -> dict[str, float | int | None]:
@@ -101,8 +95,7 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
         with ``remote_rounds`` (rounds the real run prefilled remotely) and
         ``remote_prefills_engine`` (prefills the prefill engines counted);
         ``kv_xfer_engine_s`` (mean, seconds) and ``kv_xfers_engine`` (count);
-        ``ttft_sim_s``, ``ttft_client_s`` (means over rounds, seconds) and, for each
-        role R, ``ttft_R_engine_s`` and ``queue_R_engine_s`` (the engines' means,
+        for each role R, ``ttft_R_engine_s`` and ``queue_R_engine_s`` (the engines' means,
         seconds). A mean with nothing to average is None.
     """
     def of(role: str) -> tuple[list[Snapshot], list[Snapshot]]:
@@ -124,7 +117,6 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
         "remote_prefill_engine_s": _mean(prefill_sum_s, prefill_count),
         "remote_rounds": len(remote), "remote_prefills_engine": int(prefill_count),
         "kv_xfer_engine_s": _mean(xfer_sum_s, xfer_count), "kv_xfers_engine": int(xfer_count),
-        "ttft_sim_s": _round_ttft_s(sim), "ttft_client_s": _round_ttft_s(real),
         **{f"{what}_{role}_engine_s": _mean(*_gained(*of(role), histogram))
            for role in ("prefill", "decode") for what, histogram in (("ttft", TIME_TO_FIRST_TOKEN),
                                                                      ("queue", QUEUE_TIME))},

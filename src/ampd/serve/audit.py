@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 
-from ampd.core.deployment import Role
 from ampd.serve.context import ReplicaContext
 from ampd.serve.health import EngineHealth
 from ampd.serve.sessions import SessionBook
@@ -26,7 +25,6 @@ class ReservationAudit:
 
     def __init__(self, ctx: ReplicaContext, sessions: SessionBook, health: EngineHealth) -> None:
         self.ctx, self.sessions, self.health = ctx, sessions, health
-        self.decode_ids = sorted(i for i, w in ctx.workers.items() if w.spec.role is Role.DECODE)
         self.epoch: str | None = None
 
     async def loop(self) -> None:
@@ -51,7 +49,7 @@ class ReservationAudit:
             self.ctx.metrics.sessions_restored.inc(len(restored))
             self.ctx.decide("restore", {"sessions": len(restored)})
         self.epoch = epoch
-        totals = await self.ctx.store.audit_kv(self.decode_ids)
+        totals = await self.ctx.store.audit_kv(self.ctx.decode_ids)
         metrics = self.ctx.metrics
         repaired = {w: t for w, t in totals.items() if t[0] != t[1]}
         for worker_id, (stored, derived) in totals.items():

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
+from ampd.core.deployment import Role
 from ampd.perf.interface import PerfModel
 from ampd.serve.clock import ScaledClock
 from ampd.serve.decision_log import DecisionLog
@@ -89,6 +90,11 @@ class ReplicaContext:
     def decide(self, kind: str, decision: object) -> None:
         """Log a decision under this replica's id."""
         self.decisions.add(kind, decision, replica=self.options.replica_id)
+
+    @property
+    def decode_ids(self) -> list[int]:
+        """The decode workers' ids, ascending."""
+        return sorted(i for i, w in self.workers.items() if w.spec.role is Role.DECODE)
 
     def kv_capacity_tokens(self, worker_id: int) -> int:
         """KV tokens a decode worker holds (from its TP and the cost model)."""

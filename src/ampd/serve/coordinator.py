@@ -133,7 +133,7 @@ class Coordinator:
         except StoreUnavailable as err:
             raise ServeError(503, f"cannot start: {err}") from err
         for loop in (self.health.loop, self.sweep.loop, self.windows.flush_loop, self.batches.report_loop,
-                     self.expiry.loop, self.audit.loop, self.sessions.renew_loop):
+                     self.batches.drop_loop, self.expiry.loop, self.audit.loop, self.sessions.renew_loop):
             self._background.append(asyncio.create_task(loop()))
 
     async def stop(self) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 
-from ampd.core.deployment import Role
 from ampd.serve.context import ReplicaContext
 from ampd.serve.rounds import LiveRound
 from ampd.serve.store import BatchReport
@@ -80,7 +79,6 @@ class DecodeBatches:
         self.ctx, self.itl_threshold_s = ctx, itl_threshold_s
         self._streaming: dict[int, dict[str, LiveRound]] = {}
         self._reported: set[int] = set()  # workers whose last report was not empty
-        self._decode_ids = sorted(i for i, w in ctx.workers.items() if w.spec.role is Role.DECODE)
 
     def joined(self, live: LiveRound) -> None:
         """``live`` streams tokens from its decode worker from now on."""
@@ -96,21 +94,23 @@ class DecodeBatches:
 
     async def report_loop(self) -> None:
         """Report every worker this replica streams from (and, once, each it
-        stopped streaming from), and drop stopped replicas' reports, forever."""
-        last_drop_s = self.ctx.clock.now_s()
+        stopped streaming from), forever."""
         while True:
             await asyncio.sleep(REPORT_INTERVAL_S)
             await self.report()
-            if self.ctx.clock.now_s() - last_drop_s >= self.ctx.clock.model_s(DROP_INTERVAL_S):
-                last_drop_s = self.ctx.clock.now_s()
-                await self.drop_stale()
+
+    async def drop_loop(self) -> None:
+        """Drop stopped replicas' reports every ``DROP_INTERVAL_S``, forever."""
+        while True:
+            await asyncio.sleep(DROP_INTERVAL_S)
+            await self.drop_stale()
 
     async def drop_stale(self) -> int:
         """Remove every decode worker's reports older than ``STALE_REPORT_AGE_S``;
         how many were removed (0 when the store did not answer)."""
         before_s = self.ctx.clock.now_s() - self.ctx.clock.model_s(STALE_REPORT_AGE_S)
         dropped = 0
-        for worker_id in self._decode_ids:
+        for worker_id in self.ctx.decode_ids:
             dropped += await self.ctx.store_call(self.ctx.store.drop_batch_reports(worker_id, before_s)) or 0
             if not self.ctx.store_ok:  # tried again next interval
                 break
