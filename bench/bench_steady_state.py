@@ -39,7 +39,7 @@ CELLS = {
     "toolbench": {"num_gpus": 8, "deployment": "P:<TP=2,DP=2> D:<TP=4,DP=1>", "rate_per_s": 1.28,
                   "session_counts": (300, 1200)},
 }
-POINT_KEYS = ("rate_per_s", "slo_attainment", "attainment_half", "verdict", "reason", "backlog_growth",
+POINT_KEYS = ("rate_per_s", "slo_attainment", "attainment_half", "verdict", "reason", "slowdown_growth",
               "num_sessions", "warmup_s", "window_s", "ttft_p95_s", "itl_p95_s", "local_prefill_share")
 
 

@@ -11,11 +11,13 @@ from ampd.config import RunConfig, override
 from ampd.core import Deployment, Round, Session
 from ampd.core.errors import InputError
 from ampd.experiment import simulate
-from ampd.measure import STABLE, TRANSIENT, UNSTABLE, CapacitySearch, MeasurePlan, find_capacities, judge
+from ampd.measure import (
+    STABLE, TRANSIENT, UNSTABLE, CapacitySearch, MeasurePlan, UnloadedLifetimes, find_capacities, judge,
+    slo_lifetime_s)
 from ampd.measure.capacity import meets_slo
 from ampd.measure.plan import MIN_WINDOW_SESSIONS, measure_plan
-from ampd.measure.window import in_system_at_arrivals, measure_window
-from ampd.metrics.records import SessionRecord
+from ampd.measure.window import measure_window
+from ampd.metrics.records import RoundRecord, SessionRecord
 from ampd.metrics.slo import SloScope
 from ampd.metrics.summary import summarize
 from ampd.policy.reorder import Fcfs
@@ -32,7 +34,9 @@ from stub_perf import StubPerf
 # would miss (5 s again) but arrives after the window.
 SESSIONS = [Session("s0", 0.0, (Round(5000, 2),)), Session("s1", 10.0, (Round(100, 2),)),
             Session("s2", 15.0, (Round(100, 3),)), Session("s3", 25.0, (Round(5000, 2),))]
-PLAN = MeasurePlan(warmup_s=10.0, window_s=10.0, drain_s=80.0, lifetime_s=1.0)
+UNLOADED = UnloadedLifetimes(StubPerf(), 1)
+PLAN = MeasurePlan(warmup_s=10.0, window_s=10.0, drain_s=80.0, lifetime_s=1.0, slo_lifetime_s=2.0,
+                   unloaded=UNLOADED)
 
 
 def _cluster() -> SimCluster:
@@ -60,7 +64,8 @@ def test_a_run_that_cannot_drain_is_stopped_and_unstable():
     slow = [Session("s0", 0.0, (Round(30_000, 2),)), *SESSIONS[1:3]]
     result = _cluster().run(slow, RunLimits(0.0, 20.0, 21.0, 100))
     assert result.end_s <= 21.0 and "still running" in result.stopped
-    plan = MeasurePlan(warmup_s=0.0, window_s=20.0, drain_s=1.0, lifetime_s=1.0)
+    plan = MeasurePlan(warmup_s=0.0, window_s=20.0, drain_s=1.0, lifetime_s=1.0, slo_lifetime_s=2.0,
+                       unloaded=UNLOADED)
     summary, stability = measure_window(result.sessions, plan, 1.0, 0.05, SloScope.MEAN, result.stopped)
     assert summary.num_complete == 0 and stability.verdict == UNSTABLE
 
@@ -71,21 +76,38 @@ def test_too_many_sessions_in_the_system_stops_the_run():
     assert len(result.sessions) == 4 and result.stopped.startswith("overloaded")
 
 
-def test_in_system_counts_at_each_arrival_by_hand():
-    a, b, c = SessionRecord("a", 0.0, 1), SessionRecord("b", 1.0, 1), SessionRecord("c", 3.0, 1)
-    a.done_s, b.done_s = 2.0, 5.0  # c never finishes
-    assert in_system_at_arrivals([a, b, c]) == [(0.0, 1), (1.0, 2), (3.0, 2)]
+def test_unloaded_and_slo_lifetimes_by_hand():
+    # StubPerf: prefill 1 ms per new token, step 20 ms. Two rounds: 100 new tokens and 3 outputs,
+    # a 2 s tool call, then 50 new tokens and 1 output: 0.1 + 2 x 0.02 + 2 + 0.05 = 2.19 s.
+    session = Session("s", 0.0, (Round(100, 3, tool_s=2.0), Round(50, 1)))
+    assert UNLOADED.session_s(session) == pytest.approx(2.19)
+    # its record, 100 of the second round's 103 history tokens evicted and recomputed (cached 3,
+    # new 50 + 100): unloaded, they are history again; the tool call as it happened (3.5 - 1.0 s)
+    record = SessionRecord("s", 0.0, 2, [RoundRecord("s", 0, 0.0, 0, 100, 3, 0, done_s=1.0),
+                                         RoundRecord("s", 1, 3.5, 3, 150, 1, 0, recomputed_tokens=100)])
+    assert UNLOADED.record_s(record) == pytest.approx(0.1 + 0.04 + 2.5 + 0.05)
+    # SLO lifetime, TTFT 1 s and ITL 0.1 s: (1 + 2 x 0.1) + 2 (tool) + (1 + 0) = 4.2 s
+    assert slo_lifetime_s([session], 1.0, 0.1) == pytest.approx(4.2)
 
 
 def test_verdict_by_hand():
-    # window [0, 100): first quarter's samples 10, 10; last quarter's 30, 30; all five average 20:
-    # growth (30 - 10) / 20 = 100 %, or 20 / sqrt(20) = 4.5 Poisson sds: growing.
-    samples = [(0.0, 10), (10.0, 10), (50.0, 20), (80.0, 30), (90.0, 30)]
-    growing = judge(0.95, 0.95, samples, 0.0, 100.0, None)
-    assert growing.verdict == UNSTABLE and "grew 100 %" in growing.reason
-    assert growing.backlog_growth == pytest.approx(1.0)
-    # a two-session cluster going from 1 to 2 sessions grows 67 % but by 0.8 sd: noise
-    assert judge(0.95, 0.95, [(0.0, 1), (90.0, 2)], 0.0, 100.0, None).verdict == STABLE
+    # window [0, 100): (arrival, lifetime, unloaded). First quarter: lifetimes 2 and 4 s over
+    # unloaded 1 and 2 s: slowdown 6 / 3 = 2, each session's residual y - 2x = 0: no error.
+    # Last quarter: 6 and 11 over 2 and 4: slowdown 17 / 6 = 2.83. Whole window (these and one
+    # at 50: 3 over 1): 26 / 10 = 2.6. Growth (2.83 - 2) / 2.6 = 32 % over a standard error of
+    # sqrt(0 + ((6 - 2.83 x 2)^2 + (11 - 2.83 x 4)^2) / (2 x 1 x 3^2)) = 0.11: 7.5 errors, growing.
+    sessions = [(0.0, 2.0, 1.0), (10.0, 4.0, 2.0), (50.0, 3.0, 1.0), (80.0, 6.0, 2.0), (90.0, 11.0, 4.0)]
+    growing = judge(0.95, 0.95, sessions, 0.0, 100.0, None)
+    assert growing.verdict == UNSTABLE and "slowdown grew 32 %" in growing.reason
+    assert growing.slowdown_growth == pytest.approx((17 / 6 - 2) / 2.6)
+    assert growing.slowdown == pytest.approx(2.6)
+    # the same slowdowns with the last quarter's residuals five times larger (4 and 13): the
+    # error 0.56, the growth 1.5 errors: noise, not growth
+    noisy = [(0.0, 2.0, 1.0), (10.0, 4.0, 2.0), (50.0, 3.0, 1.0), (80.0, 4.0, 2.0), (90.0, 13.0, 4.0)]
+    assert judge(0.95, 0.95, noisy, 0.0, 100.0, None).verdict == STABLE
+    # long sessions arriving late are not growth: slowdown 2 in every quarter, whatever the sizes
+    sizes = [(0.0, 2.0, 1.0), (10.0, 2.2, 1.1), (80.0, 40.0, 20.0), (90.0, 60.0, 30.0)]
+    assert judge(0.95, 0.95, sizes, 0.0, 100.0, None).slowdown_growth == pytest.approx(0.0)
     # attainment: 2.0 points apart is still stable, 2.5 is not, nor a first half without sessions
     assert judge(0.92, 0.90, [], 0.0, 100.0, None).verdict == STABLE
     moving = judge(0.925, 0.90, [], 0.0, 100.0, None)
@@ -95,18 +117,21 @@ def test_verdict_by_hand():
 
 def test_phases_that_cannot_give_a_figure_are_refused():
     with pytest.raises(InputError, match="measure.drain_s"):
-        measure_plan(30.0, 1.0, drain_s=10.0)  # shorter than a lifetime: the last sessions never finish
+        measure_plan(UNLOADED, 30.0, 70.0, 1.0, drain_s=10.0)  # shorter than a lifetime: never finish
     with pytest.raises(InputError, match="sessions"):
-        measure_plan(30.0, 1e6)  # a billion sessions
+        measure_plan(UNLOADED, 30.0, 70.0, 1e6)  # a billion sessions
+    with pytest.raises(InputError, match="SLO session lifetime"):
+        measure_plan(UNLOADED, 30.0, float("nan"), 1.0)
 
 
-def test_default_phases_scale_with_the_lifetime_and_the_rate():
-    # lifetime 30 s: warm-up 2 x 30; window max(10 x 30, 2000 / rate); drain max(10 x 30, window / 4)
-    slow = measure_plan(30.0, 1.0)
-    assert (slow.warmup_s, slow.window_s, slow.drain_s) == (60.0, MIN_WINDOW_SESSIONS / 1.0, 500.0)
-    fast = measure_plan(30.0, 100.0)
+def test_default_phases_scale_with_the_lifetimes_and_the_rate():
+    # unloaded lifetime 30 s, SLO lifetime 70 s: warm-up 2 x 70; window max(10 x 30, 2000 / rate);
+    # drain max(10 x 30, window / 4)
+    slow = measure_plan(UNLOADED, 30.0, 70.0, 1.0)
+    assert (slow.warmup_s, slow.window_s, slow.drain_s) == (140.0, MIN_WINDOW_SESSIONS / 1.0, 500.0)
+    fast = measure_plan(UNLOADED, 30.0, 70.0, 100.0)
     assert (fast.window_s, fast.drain_s) == (300.0, 300.0)
-    assert measure_plan(30.0, 1.0, warmup_s=5.0, window_s=50.0, drain_s=37.0).horizon_s == 92.0
+    assert measure_plan(UNLOADED, 30.0, 70.0, 1.0, warmup_s=5.0, window_s=50.0, drain_s=37.0).horizon_s == 92.0
 
 
 def test_capacity_search_brackets_the_crossing_by_hand():

@@ -24,7 +24,8 @@ from ampd.config import RunConfig
 from ampd.core.deployment import Deployment, Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.core.session import Session
-from ampd.measure import TRANSIENT, MeasurePlan, Stability, measure_plan, measure_window, unloaded_lifetime_s
+from ampd.measure import (
+    TRANSIENT, MeasurePlan, Stability, UnloadedLifetimes, measure_plan, measure_window, slo_lifetime_s)
 from ampd.metrics.slo import SloScope
 from ampd.metrics.summary import RunSummary, summarize
 from ampd.perf import build_perf_model, load_perf_model
@@ -192,9 +193,12 @@ def measure_for(config: RunConfig, perf: PerfModel | None = None) -> MeasurePlan
     if config.workload.num_sessions is not None:
         return None
     perf = perf or perf_model_for(config)
-    lifetime_s = unloaded_lifetime_s(perf, sample_sessions(config), reference_tp(perf))
+    sample = sample_sessions(config)
+    unloaded = UnloadedLifetimes(perf, reference_tp(perf))
+    slo = slo_for(config, perf)
     m = config.measure
-    return measure_plan(lifetime_s, rate_for(config), m.warmup_s, m.window_s, m.drain_s)
+    return measure_plan(unloaded, unloaded.mean_s(sample), slo_lifetime_s(sample, slo.ttft_s, slo.itl_s),
+                        rate_for(config), m.warmup_s, m.window_s, m.drain_s)
 
 
 def rate_for(config: RunConfig) -> float:

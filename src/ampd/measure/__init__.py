@@ -5,10 +5,10 @@ highest rate that keeps the SLO in steady state (``capacity``). Depends on
 ``core``, ``perf``, ``metrics`` and ``sim`` (its stop rules)."""
 
 from ampd.measure.capacity import CAPACITY_ATTAINMENT, CapacitySearch, find_capacities
-from ampd.measure.plan import MeasurePlan, measure_plan, unloaded_lifetime_s
+from ampd.measure.plan import MeasurePlan, UnloadedLifetimes, measure_plan, slo_lifetime_s
 from ampd.measure.verdict import STABLE, TRANSIENT, UNSTABLE, Stability, judge
-from ampd.measure.window import in_system_at_arrivals, measure_window
+from ampd.measure.window import measure_window
 
 __all__ = ["CAPACITY_ATTAINMENT", "CapacitySearch", "MeasurePlan", "STABLE", "Stability", "TRANSIENT",
-           "UNSTABLE", "find_capacities", "in_system_at_arrivals", "judge", "measure_plan", "measure_window",
-           "unloaded_lifetime_s"]
+           "UNSTABLE", "UnloadedLifetimes", "find_capacities", "judge", "measure_plan", "measure_window",
+           "slo_lifetime_s"]

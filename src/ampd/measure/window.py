@@ -6,22 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from ampd.measure.plan import MeasurePlan
 from ampd.measure.verdict import MIN_VERDICT_LIFETIMES, MIN_VERDICT_SESSIONS, TRANSIENT, Stability, judge
 from ampd.metrics.records import SessionRecord
 from ampd.metrics.slo import SloScope, slo_attainment
 from ampd.metrics.summary import RunSummary, summarize
-
-
-def in_system_at_arrivals(records: Sequence[SessionRecord]) -> list[tuple[float, int]]:
-    """(arrival time s, sessions arrived and not finished then, this one included)
-    at every arrival; a session without ``done_s`` never finished."""
-    arrivals = np.sort([r.arrival_s for r in records])
-    done = np.sort([r.done_s for r in records if r.done_s is not None])
-    finished = np.searchsorted(done, arrivals, side="right")
-    return [(float(t), int(i + 1 - f)) for i, (t, f) in enumerate(zip(arrivals, finished))]
 
 
 def measure_window(records: Sequence[SessionRecord], plan: MeasurePlan, ttft_slo_s: float, itl_slo_s: float,
@@ -40,4 +29,5 @@ def measure_window(records: Sequence[SessionRecord], plan: MeasurePlan, ttft_slo
                   f"{lifetimes:.1f} unloaded lifetimes (needs >= {MIN_VERDICT_SESSIONS} and >= "
                   f"{MIN_VERDICT_LIFETIMES:g}; the default window has both)")
         return summary, Stability(TRANSIENT, reason, half)
-    return summary, judge(summary.slo_attainment, half, in_system_at_arrivals(records), start_s, end_s, stopped)
+    lives = [(r.arrival_s, r.done_s - r.arrival_s, plan.unloaded.record_s(r)) for r in measured if r.complete]
+    return summary, judge(summary.slo_attainment, half, lives, start_s, end_s, stopped)
