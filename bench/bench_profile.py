@@ -5,7 +5,8 @@ it (the budget search is unreliable on this machine, docs/PROFILING.md), so the 
 probe only tells chunks from a pause. Writes the profile the vLLM configurations run on
 (``configs/profiles/tiny-llama-vllm-cpu.json``), its plots (``docs/img/profile/``) and
 the figures docs/PROFILING.md quotes: wall time, held-out MAPE per function,
-breakpoints, the batching found.
+breakpoints, the batching found, the serving path of one request (each probe and their
+median).
 
 Run: ``python bench/bench_profile.py`` (starts and stops its two servers, ~5 min)
 -> ``bench/results/profile_vllm_cpu.json``.
@@ -75,7 +76,9 @@ def main() -> None:
         "held_out_mape": {name: f["held_out_mape"] for name, f in figures.items()}, "fits": figures,
         "prefill_mape_all_points_by_history": prefill_mape_by_history,
         "batching": fits["batching"], "kv_bytes_per_token": fits["kv_bytes_per_token"],
-        "num_points": {name: len(getattr(points, name)) for name in ("prefill", "decode", "kv", "mixed")}})
+        "request_overhead_s": fits["request_overhead_s"],
+        "request_overhead_points_s": sorted(o.overhead_s for o in points.overhead),
+        "num_points": {name: len(getattr(points, name)) for name in ("prefill", "decode", "kv", "mixed", "overhead")}})
 
 
 if __name__ == "__main__":

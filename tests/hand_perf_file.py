@@ -6,7 +6,8 @@ worked out by hand:
 - decode step: 20 ms whatever the batch;
 - KV: 131,072 bytes per token (Llama-3.1-8B's shape: 2 x 32 layers x 8 KV heads x 128 x 2 bytes);
   measured link 1 ms + 1 ns per byte; 100,000 tokens of KV on a TP-1 replica;
-- batching: chunked, 512 tokens a step.
+- batching: chunked, 512 tokens a step;
+- serving path: 5 ms per engine request.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def hand_model() -> dict:
         "kv_capacity_tokens": {"1": 100_000},
         "kv_transfer": {"alpha_s": 0.001, "s_per_byte": 1e-9},
         "batching": {"mode": "chunked", "chunk_tokens": 512},
+        "request_overhead_s": 0.005,
     }
 
 

@@ -34,13 +34,15 @@ def test_a_model_outside_the_catalog_times_work_by_its_coefficients_and_measurem
     assert m.kv_transfer_s(1000, D1, D1) == 0.0
     assert m.kv_capacity_tokens(1) == 100_000
     assert m.batching == EngineBatching("chunked", 512)
+    assert m.request_overhead_s == 0.005
 
 
 def test_without_measurements_the_figures_come_from_the_specs():
     data = hand_model()
-    for key in ("kv_capacity_tokens", "kv_transfer", "batching"):
+    for key in ("kv_capacity_tokens", "kv_transfer", "batching", "request_overhead_s"):
         del data[key]
     m = _from(data)
+    assert m.request_overhead_s == 0.0  # the engines alone, as a catalog build times them
     # (1 x 40e9 x 0.9 - 8,030,261,248 x 2 bytes) // 131,072 = 19,939,477,504 // 131,072
     assert m.kv_capacity_tokens(1) == 152_126
     assert m.batching is None
@@ -58,6 +60,7 @@ def test_round_trip_keeps_every_field(tmp_path):
     written = json.loads(m.to_json())
     assert written["format"] == "ampd.perf.alphabeta/2"
     assert written["kv_capacity_tokens"] == {"1": 100_000} and written["kv_transfer"] == hand_model()["kv_transfer"]
+    assert written["request_overhead_s"] == 0.005
 
 
 def test_a_catalog_build_is_written_in_v2_with_full_specs_and_read_back_identical():
@@ -94,6 +97,8 @@ def _without(data: dict, section: str, key: str) -> dict:
     (lambda d: _without(d, "batching", "chunk_tokens"), "batching.chunk_tokens: required"),
     (lambda d: d["batching"].update(budget=1), "batching: unknown field 'budget'"),
     (lambda d: d.update(kv_capacity={"1": 5}), "unknown field 'kv_capacity'"),
+    (lambda d: d.update(request_overhead_s=-0.01), "request_overhead_s: expected a finite number >= 0"),
+    (lambda d: d.update(request_overhead_s=50), "request_overhead_s: 50 s is more than 10 s"),
     (lambda d: _without(d, "model", "hidden_size"), "model: missing 'hidden_size'"),
     (lambda d: d["model"].update(num_layers="32"), "model.num_layers: expected an integer > 0"),
     (lambda d: d["model"].update(active_params=9_000_000_000), "model.active_params: 9000000000 is more than params"),

@@ -46,6 +46,24 @@ def test_lindley_closed_over_a_session_and_local_tasks_by_hand():
     assert listed(fcfs_ttft_s(chains, 1)) == ([3.0, 3.0, 1.0, 2.0], True, [False, False, False, True])
 
 
+def test_lindley_counts_the_serving_path_of_each_engine_request_by_hand():
+    # The case above behind a 0.25 s serving path per engine request. Task 0 reaches the
+    # replica at 0.25, computes to 3.25, first token 3.5 (TTFT 3.5). Task 1 reaches it at 1.25,
+    # waits, computes 3.25-4.25, first token 4.5 (TTFT 3.5); its round 1 is ready at 5.0,
+    # reaches the idle replica at 5.25, computes to 6.25: TTFT 1.5. Task 3, local: one
+    # request and its 2 s: TTFT 2.25.
+    chains = PrefillChains([0.0, 1.0, 99.0, 2.0], [0.0] * 4, [3.0, 1.0, 1.0, 2.0], [0.0] * 4,
+                           [True, True, True, False], [0.0, 0.5, 0.0, 0.0], [-1, 2, -1, -1], request_s=0.25)
+    assert listed(fcfs_ttft_s(chains, 1)) == ([3.5, 3.5, 1.5, 2.25], True, [False, False, False, True])
+    # The router model predicts two requests on top of the queue and the work, against 3.6 s:
+    # task 0 predicts 3 + 0.5 = 3.5 and runs remotely as above. Task 1 predicts 2.25 queued +
+    # 1 + 0.5 = 3.75 (3.25 without the requests: remote) and runs locally, one request and 1 s;
+    # its round 1, ready at 1 + 1.25 + 0.5 = 2.75, predicts 0.5 + 1 + 0.5 = 2.0 and queues
+    # remotely: reaches the replica at 3.0, computes 3.25-4.25, first token 4.5 (TTFT 1.75).
+    routed = fcfs_ttft_s(chains, 1, local_above_s=3.6)
+    assert listed(routed) == ([3.5, 1.25, 1.75, 2.25], True, [False, True, False, True])
+
+
 def test_prefill_tau_by_hand():
     # 2000-token prompts: 2 s of prefill, no history to read, 2000 x 10 us = 20 ms back.
     stream = build_stream(_one_round_sessions([0.0, 1.0, 10.0], 2000, 2), 0.05, 0.0)

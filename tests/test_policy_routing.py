@@ -106,3 +106,17 @@ def test_dynamo_thresholds_come_from_the_configuration():
     assert busy.route(task(hist=0, new=5000), v, 0.0).rule == "threshold-busy"  # 1 waiting is busy at 1 (default 2)
     default = get_system("dynamo-conditional").make_router(StubPerf(), SLO, PolicyConfig().knobs(), random.Random(0))
     assert (default.max_local_prefill_tokens, default.max_uncached_ratio, default.busy_queue_tasks) == (2048, 0.7, 2)
+
+
+def test_step3_counts_the_serving_path_of_each_option():
+    # As test_step3_remote_estimate_wins behind a 0.3 s serving path per engine request: a
+    # remote prefill makes two requests (+0.6), a local one one (+0.3): local's 0.8 + 0.3 = 1.1
+    # now beats worker 2's 0.515 + 0.6 = 1.115.
+    class Served(StubPerf):
+        request_overhead_s = 0.3
+
+    v = view(decode(0, itl=0.2, queue=[queued(0.3)]),
+             prefill(1, ttft=3.0, busy_s=0.2, queue=[queued(0.4)]), prefill(2, ttft=3.0))
+    d = AdaptiveRouter(Served(), SLO, random.Random(0), alpha=0.9, beta=0.85).route(task(hist=1000, new=500), v, 0.0)
+    assert (d.worker_id, d.local, d.rule) == (0, True, "estimate")
+    assert dict(d.alternatives) == pytest.approx({0: 0.8 + 0.3, 1: 1.115 + 0.6, 2: 0.515 + 0.6})

@@ -2,10 +2,12 @@
 back. The truth is the mock's own performance model (the simulator's catalog model);
 each fitted function is compared with it on sizes the profile never probed."""
 
+import asyncio
 import contextlib
 import json
 import socket
 
+import httpx
 import numpy as np
 import pytest
 
@@ -17,6 +19,8 @@ from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.perf.perf_file import load_perf_model
 from ampd.profile.decode_probe import MixedPoint, chunk_budget_tokens
+from ampd.profile.engine import connect
+from ampd.profile.overhead_probe import PROBE_PROMPT_TOKENS, measure_overhead
 from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, split
 from ampd.profile.run import ProfileGrid, batching, run
 from ampd.serve.mock_engine import EngineOptions, create_app
@@ -81,6 +85,27 @@ def test_a_decode_engine_that_pauses_for_a_local_prefill_is_told_apart_from_one_
     assert chunked["batching"]["mode"] == "chunked"
     assert 500 <= chunked["batching"]["chunk_tokens"] - 4 <= 508
     assert chunked["kv"] is None
+
+
+def test_the_serving_path_of_a_request_is_what_the_client_waits_beyond_the_engines_ttft():
+    # Every request waits 0.4 model s (0.2 wall s at half speed) before the mock engine takes
+    # it in: outside the engine's TTFT counter, as a real API server's own work is. The
+    # engine's TTFT of the probe is its model's prefill of the probe's 16 tokens on an idle
+    # engine, exactly; the serving path is at least the wait, in model seconds (a client
+    # clock left in wall seconds would read about half of it).
+    decode = create_app(EngineOptions(Role.DECODE, 1, 1, api_delay_s=0.4, **MOCK))
+
+    async def probes():
+        async with httpx.AsyncClient() as client:
+            engine, _ = await connect(d, client, np.random.default_rng(0))
+            return [await measure_overhead(engine) for _ in range(3)]
+
+    with serving(decode) as d:
+        points = asyncio.run(probes())
+    prefill_s = decode.state.engine.perf.prefill_s(0, PROBE_PROMPT_TOKENS, 1)
+    for point in points:
+        assert point.engine_ttft_s == pytest.approx(prefill_s)
+        assert point.overhead_s >= 0.4 and point.overhead_s == point.client_ttft_s - point.engine_ttft_s
 
 
 def test_chunk_budget_is_the_largest_one_step_prefill_plus_the_batch():

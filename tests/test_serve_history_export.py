@@ -4,18 +4,12 @@ a round's history took (worked out by hand) and the command lines `ampd up` give
 tests/test_serve_vllm_nixl.py runs the path end to end on real engines."""
 
 import json
-import os
-import subprocess
-from pathlib import Path
 
 import pytest
 
 from ampd.config import RunConfig
 from ampd.serve.history_export import kv_path
 from ampd.serve.vllm_launch import NIXL_PROGRESS_DELAY_ENV, NIXL_SIDE_CHANNEL_OFFSET, server_command
-
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = Path(os.environ.get("AMPD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
 
 def _export(exported=True, decode_cached=352, error=None):

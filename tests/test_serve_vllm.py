@@ -11,12 +11,15 @@ import subprocess
 import sys
 
 import httpx
+import numpy as np
 import pytest
 
 from ampd.cli.replay import wait_until_ready
 from ampd.config import EngineWorker, RunConfig, ServeConfig, load_config, override
 from ampd.experiment import perf_model_for, sessions_for, slo_for
 from ampd.metrics.report import write_json
+from ampd.profile.engine import connect
+from ampd.profile.overhead_probe import measure_overhead
 from ampd.serve.clock import ScaledClock
 from ampd.serve.replay import replay_sync
 from ampd.serve.app import create_app
@@ -149,3 +152,17 @@ def test_the_documented_cpu_replay_serves_every_session(vllm, tmp_path):
     for session, record in zip(sessions, result.sessions, strict=True):
         assert record.complete and [len(r.itls_s) + 1 for r in record.rounds] == [r.output_tokens for r in
                                                                                    session.rounds]
+
+
+def test_the_serving_path_probe_reads_vllms_own_ttft_counter(vllm):
+    # ampd profile's serving-path probe on a real vLLM server: each probe's request is the
+    # one observation vLLM's vllm:time_to_first_token_seconds gains (the probe waits for
+    # exactly one), and vLLM starts that clock after its API server has taken the request
+    # in and stops it before the first token is streamed out: inside the client's wait.
+    async def probes():
+        async with httpx.AsyncClient() as client:
+            engine, _ = await connect(vllm["single"], client, np.random.default_rng(0))
+            return [await measure_overhead(engine) for _ in range(3)]
+
+    for point in asyncio.run(probes()):
+        assert 0 < point.engine_ttft_s < point.client_ttft_s and point.overhead_s > 0

@@ -70,3 +70,27 @@ def test_remote_history_read_overlaps_previous_compute():
     assert x1.first_token_s == pytest.approx(3.0 + 0.5 + 0.005)
     # y1 ready 3.06: read 2003 tok (0.02003) overlaps x1's compute (ends 3.5); computes 3.5-4.0.
     assert y1.first_token_s == pytest.approx(4.0 + 0.005)
+
+
+class ServedStub(StubPerf):
+    """StubPerf behind a serving path of 50 ms per engine request."""
+
+    request_overhead_s = 0.05
+
+
+def test_the_serving_path_adds_two_requests_to_a_remote_round_and_one_to_a_local_one():
+    # As test_two_rounds_one_tool_call_remote, each engine request 50 ms later: round 0 reaches
+    # the prefill engine at 0.05, is computed and its KV back at 1.06, and the decode engine's
+    # request takes its 50 ms: first token 1.11, two steps: done 1.15; round 1 ready at 3.15.
+    session = Session("s", 0.0, (Round(1000, 3, 2.0), Round(500, 2)))
+    cluster = _cluster("P:<TP=1,DP=1> D:<TP=1,DP=1>", AlwaysRemoteRouter(), ServedStub())
+    r0, r1 = cluster.run([session]).sessions[0].rounds
+    assert r0.first_token_s == pytest.approx(1.01 + 2 * 0.05)
+    assert r0.done_s == pytest.approx(1.15)
+    assert r1.ttft_s == pytest.approx(0.51503 + 2 * 0.05)
+    # The prefill worker's TTFT window counts both requests, as the rounds' TTFTs do
+    assert cluster.workers[0].ttft_window.mean(r1.first_token_s) == pytest.approx((r0.ttft_s + r1.ttft_s) / 2)
+    # Local (no prefill worker): one request, to the decode engine; prefill 1.0 s from 0.05
+    router = AdaptiveRouter(ServedStub(), SloThresholds(5.0, 0.05), random.Random(0))
+    (local,) = _cluster("D:<TP=1,DP=1>", router, ServedStub()).run([Session("a", 0.0, (Round(1000, 2),))]).sessions
+    assert local.rounds[0].local and local.rounds[0].first_token_s == pytest.approx(1.05)

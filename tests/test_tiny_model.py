@@ -5,12 +5,10 @@ the vLLM interpreter (the project's own venv has no transformers)."""
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = Path(os.environ.get("AMPD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+from vllm_servers import ROOT, VLLM_PYTHON
 
 RENDER = """
 import json, sys

@@ -8,9 +8,12 @@ profile gives that model back within 0.1 % (tests/test_profile.py). So the decod
 steps, and with them a round's mean ITL (but for a pause of the machine), are the simulator's; every round is placed
 as the simulator placed it (the router reads the same estimates); no round fails. TTFT is
 not the simulator's: a served round also crosses the coordinator and three HTTP hops
-(12 to 20 ms a round on this machine, bench/results/serve_overhead.json), which the
-simulator does not model; so the served mean TTFT is the simulated one or more."""
+(12 to 20 ms a round on this machine, bench/results/serve_overhead.json), of which the
+simulator models the engine requests' part the profile measured (two requests a remote
+round, one a local round) but not the coordinator's; so the served mean TTFT is the
+simulated one or more."""
 
+import csv
 import json
 
 import pytest
@@ -52,6 +55,15 @@ def test_validate_on_mock_engines_matches_the_simulator_where_it_models_the_clus
         assert side["remote_prefills_engine"] == side["remote_rounds"] > 0
         assert side["remote_prefill_engine_s"] == pytest.approx(side["remote_prefill_model_s"], rel=0.05)
         assert side["kv_xfers_engine"] == side["remote_rounds"]
+    # The profile's serving path of a request, two a remote round and one a local round,
+    # averaged over the run's rounds (rounds-real-N.csv: one row a round, local or not)
+    overhead_s = json.loads((tmp_path / "out" / "profile.json").read_text())["perf_model"]["request_overhead_s"]
+    assert overhead_s > 0
+    for i, side in enumerate(result["engine_side"]):
+        with open(tmp_path / "out" / f"rounds-real-{i + 1}.csv") as f:
+            placed = [row["local"] for row in csv.DictReader(f)]
+        requests = sum(1 if local == "True" else 2 for local in placed)
+        assert side["serving_path_model_s"] == pytest.approx(overhead_s * requests / len(placed))
     assert (tmp_path / "out" / "rounds-sim.csv").exists() and (tmp_path / "out" / "rounds-real-2.csv").exists()
     out = capsys.readouterr().out
     assert "real run 2 vs real run 1" in out and "where the gap lies" in out

@@ -9,7 +9,12 @@ they scale with model, GPU and prompt lengths:
   with a model that lacks that degree (a profile measured at TP 1 alone, say), the
   largest degree below it that it has and that holds the weights;
 - TTFT threshold = ``TTFT_FACTOR`` x the mean, over every round of the workload,
-  of the unloaded prefill time ``T_pre(l_hist, l_incr)`` on that replica;
+  of the unloaded prefill time ``T_pre(l_hist, l_incr)`` on that replica, plus
+  the serving path of a remote round's two engine requests
+  (``2 x perf.request_overhead_s``, 0 in a catalog model; a local round makes
+  one): a fixed latency no queue order removes, added once rather than scaled,
+  so a slow API server neither makes every remote round miss nor earns a
+  looser threshold;
 - ITL threshold = ``ITL_FACTOR`` x the decode-step time of a batch of
   ``REF_BATCH`` sequences of the workload's mean context on that replica.
 """
@@ -53,6 +58,6 @@ def derive_slo(perf: PerfModel, sessions: list[Session]) -> SloThresholds:
     contexts = [s.history_tokens(i) + r.input_tokens + r.output_tokens / 2
                 for s in sessions for i, r in enumerate(s.rounds)]
     mean_context = sum(contexts) / len(contexts)
-    ttft_s = TTFT_FACTOR * sum(prefills) / len(prefills)
+    ttft_s = TTFT_FACTOR * sum(prefills) / len(prefills) + 2 * perf.request_overhead_s
     itl_s = ITL_FACTOR * perf.decode_step_s(REF_BATCH, int(REF_BATCH * mean_context), tp)
     return SloThresholds(ttft_s, itl_s)

@@ -38,6 +38,9 @@ def cmd_profile(args: argparse.Namespace) -> None:
     print(f"local prefill on the decode engine: {mode['mode']}"
           + (f", {mode['chunk_tokens']} tokens per step (from the {mode['chunk_tokens_from']})"
              if mode["mode"] == "chunked" else ""))
+    if fits["request_overhead_s"] is not None:
+        print(f"serving path of one engine request: {1000 * fits['request_overhead_s']:.1f} ms "
+              f"(beyond the engine's own TTFT; a remote round makes two)")
     print(f"profile in {path} (use it with --perf-model {path}); plots: {', '.join(p.name for p in plots)}")
 
 

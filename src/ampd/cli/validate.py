@@ -40,7 +40,8 @@ _ENGINE_ROWS = (("ITL, simulated (ms)", "itl_sim_s", 1e3), ("ITL, decode engines
                 ("TTFT, prefill engines' counter (ms)", "ttft_prefill_engine_s", 1e3),
                 ("  of which queued (ms)", "queue_prefill_engine_s", 1e3),
                 ("TTFT, decode engines' counter (ms)", "ttft_decode_engine_s", 1e3),
-                ("  of which queued (ms)", "queue_decode_engine_s", 1e3))
+                ("  of which queued (ms)", "queue_decode_engine_s", 1e3),
+                ("TTFT, the profile's serving path (ms)", "serving_path_model_s", 1e3))
 
 
 def _engine_cell(side: dict, key: str | tuple[str, str], scale: float | None) -> str:

@@ -25,6 +25,13 @@ class PerfModel(Protocol):
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes of one token over all layers (K and V), whole model."""
 
+    @property
+    def request_overhead_s(self) -> float:
+        """The serving path of one request to an engine: what it takes beyond the
+        engine's own time to first token (HTTP legs, the API server's parsing,
+        tokenising and streaming). A remote round makes two such requests (prefill
+        engine, then decode engine), a local round one. 0 where not measured."""
+
     def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
         """``T_pre(l_hist, l_incr; tp)``: prefill ``new_tokens`` on top of ``hist_tokens``
         of cached history, on one replica of ``tp`` GPUs."""

@@ -1,5 +1,6 @@
 """What a measured profile knows better than the catalog: a KV link's cost, KV capacity per
-TP, KV bytes per token, and how the engine mixes a local prefill with decode steps.
+TP, KV bytes per token, how the engine mixes a local prefill with decode steps, and the
+latency of one request's path through the engine's API server.
 
 These are the optional fields of the ``ampd.perf.alphabeta/2`` JSON form (docs/PERF_MODEL.md,
 section 5); ``measured_from_dict`` reads them with an ``InputError`` naming the field,
@@ -12,6 +13,10 @@ import math
 from dataclasses import dataclass
 
 from ampd.core.errors import InputError
+
+# [our choice] An engine request whose serving path takes this long is not a latency to model
+# but a broken engine or a mistyped unit (milliseconds for seconds): refused.
+MAX_REQUEST_OVERHEAD_S = 10.0
 
 # How a decode engine runs a local prefill among its decode steps (``ampd.sim.decode_worker.Batching``
 # documents each): AMPD's decode workers (alternate), vLLM V0 (prefill-first), vLLM V1 (chunked).
@@ -59,12 +64,16 @@ class Measured:
         kv_capacity_tokens: KV tokens one replica holds, per TP degree.
         kv_bytes_per_token: KV bytes of one token, whole model.
         batching: how the engine mixes a local prefill with decode steps.
+        request_overhead_s: what one request to the engine takes beyond the engine's
+            own time to first token, seconds (the HTTP legs and the API server's own
+            work: ``ampd.profile.overhead_probe``).
     """
 
     kv_link: KvLink | None = None
     kv_capacity_tokens: dict[int, int] | None = None
     kv_bytes_per_token: int | None = None
     batching: EngineBatching | None = None
+    request_overhead_s: float | None = None
 
 
 def measured_from_dict(data: dict) -> Measured:
@@ -74,9 +83,14 @@ def measured_from_dict(data: dict) -> Measured:
     Raises:
         InputError: a field of the wrong shape or out of range, naming the field.
     """
+    overhead = data.get("request_overhead_s")
+    if overhead is not None and _seconds("request_overhead_s", overhead) > MAX_REQUEST_OVERHEAD_S:
+        raise InputError(f"request_overhead_s: {overhead} s is more than {MAX_REQUEST_OVERHEAD_S:g} s: an engine "
+                         f"request's serving path is milliseconds (is it in ms?)")
     return Measured(_kv_link(data.get("kv_transfer")), _capacity(data.get("kv_capacity_tokens")),
                     _optional_count("kv_bytes_per_token", data.get("kv_bytes_per_token")),
-                    _batching(data.get("batching")))
+                    _batching(data.get("batching")),
+                    None if overhead is None else _seconds("request_overhead_s", overhead))
 
 
 def measured_to_dict(measured: Measured) -> dict:
@@ -90,6 +104,8 @@ def measured_to_dict(measured: Measured) -> dict:
         out["kv_bytes_per_token"] = measured.kv_bytes_per_token
     if measured.batching is not None:
         out["batching"] = {"mode": measured.batching.mode, "chunk_tokens": measured.batching.chunk_tokens}
+    if measured.request_overhead_s is not None:
+        out["request_overhead_s"] = measured.request_overhead_s
     return out
 
 

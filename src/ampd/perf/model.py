@@ -30,7 +30,7 @@ FORMAT_V1 = "ampd.perf.alphabeta/1"
 # Top-level keys of a /2 object; any other is refused (a misspelt optional field would
 # otherwise be dropped without a word).
 _V2_KEYS = {"format", "model", "gpu", "topology", "tps", "fit_report", "kv_transfer", "kv_capacity_tokens",
-            "kv_bytes_per_token", "batching"}
+            "kv_bytes_per_token", "batching", "request_overhead_s"}
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,12 @@ class AlphaBetaPerfModel:
         """How the profiled engine mixes a local prefill with decode steps; None when
         the model does not say (a catalog build)."""
         return self.measured.batching
+
+    @property
+    def request_overhead_s(self) -> float:
+        """One engine request's latency beyond the engine's own TTFT, seconds: the
+        measured figure, else 0 (a catalog build times the engines alone)."""
+        return self.measured.request_overhead_s or 0.0
 
     def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
         """``T_pre``: prefill ``new_tokens`` on ``hist_tokens`` of history at TP ``tp``.

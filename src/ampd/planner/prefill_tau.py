@@ -44,7 +44,8 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
     good, the overflow going to the decode replicas, so a cell whose replicas could not
     carry the whole prefill work alone is a plan (the router keeps the longest
     prefills local). Up to ``_ROUTED_MAX_UTILISATION``: beyond, it is overloaded. Each cell records the share and the indices of the window's tasks that ran locally, and
-    its P95 is over every measured task, local ones at their ``T_pre``: the router
+    its P95 is over every measured task, local ones at their ``T_pre`` (plus one engine
+    request's serving path, ``perf.request_overhead_s``): the router
     chose where they run, so their TTFT is part of what this side delivers.
 
     Args:
@@ -86,7 +87,7 @@ def _chains(stream: NominalStream, perf: PerfModel, tp: int, cross_server: bool)
     return PrefillChains(stream.ready_s, [perf.kv_transfer_s(h, decode, prefill) for h in hist],
                          [perf.prefill_s(h, x, tp) for h, x in zip(hist, new)],
                          [perf.kv_transfer_s(x, prefill, decode) for x in new],
-                         stream.remote, stream.after_s, stream.next_task)
+                         stream.remote, stream.after_s, stream.next_task, perf.request_overhead_s)
 
 
 def _p95_s(ttft_s: np.ndarray, session: np.ndarray, scope: str) -> float:

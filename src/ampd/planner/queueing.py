@@ -27,6 +27,10 @@ class PrefillChains:
         after_s: from a task's first token to its session's next round being ready:
             the rest of the round's decode, then the tool call.
         next_task: index of the session's next round, -1 after the last.
+        request_s: the serving path of one engine request (``perf.request_overhead_s``),
+            seconds: a remote task reaches the prefill replica that long after it is
+            ready and its first token comes that long after its KV (two requests); a
+            local task makes one.
     """
 
     arrival_s: np.ndarray
@@ -36,6 +40,7 @@ class PrefillChains:
     remote: np.ndarray
     after_s: np.ndarray
     next_task: np.ndarray
+    request_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("arrival_s", "read_s", "compute_s", "send_s", "after_s"):
@@ -72,8 +77,9 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
     queue, whether any remote task found every replica busy, and which tasks ran locally.
 
     Lindley's recursion for c servers, in ready order: a remote task goes to the replica
-    whose compute frees first, at ``f``; it computes from ``max(ready + read, f)`` and its
-    first token arrives ``send`` later. The history read overlaps the previous task's
+    whose compute frees first, at ``f``; it computes from ``max(ready + request + read, f)``
+    and its first token arrives ``send + request`` later (``request``: the serving path of
+    an engine request, 0 but in a profile). The history read overlaps the previous task's
     compute, as the simulator's lazy read does (exact whenever a read is shorter than the
     compute before it). The loop is closed: a session's next round is ready ``after_s``
     after this one's first token, so a slow prefill delays the session's later load, as
@@ -83,7 +89,7 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
     The router model (``local_above_s`` finite; docs/PLANNER.md, "Co-design"): a task
     the chains flag remote runs locally instead when the TTFT the adaptive router
     predicts for it at the replica that frees first, ``max(f - ready, 0) + read +
-    compute + send`` (``ampd.policy.routing.PredictiveRouter``'s step 1 at the moment
+    compute + send + 2 request`` (``ampd.policy.routing.PredictiveRouter``'s step 1 at the moment
     the task is ready), exceeds ``local_above_s`` (alpha x the TTFT threshold). Steps 2
     and 3 of Algorithm 1 are taken to run it locally (its decode replica within beta x
     the ITL threshold, or a local estimate below a remote one already above alpha x
@@ -100,7 +106,7 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
         return QueueRun(np.zeros(0), False, np.zeros(0, dtype=bool))
     ttft_s, waited, local = _lindley(chains.arrival_s, chains.read_s, chains.compute_s, chains.send_s,
                                      chains.remote, chains.after_s, chains.next_task, chains.opening,
-                                     num_servers, local_above_s)
+                                     num_servers, local_above_s, chains.request_s)
     return QueueRun(ttft_s, bool(waited), local)
 
 
@@ -110,7 +116,7 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
 # bit on the 256-GPU stream (docs/PLANNER.md, "Planning time").
 @numba.njit(cache=True)
 def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, opening, num_servers,
-             local_above_s):
+             local_above_s, request_s):
     pending = [(arrival_s[t], t) for t in opening]
     heapq.heapify(pending)
     free_s = [-math.inf] * num_servers
@@ -121,18 +127,18 @@ def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, o
         ready, t = heapq.heappop(pending)
         if routed and remote[t]:
             queued_s = free_s[0] - ready if free_s[0] > ready else 0.0
-            local[t] = queued_s + read_s[t] + compute_s[t] + send_s[t] > local_above_s
+            local[t] = queued_s + read_s[t] + compute_s[t] + send_s[t] + 2 * request_s > local_above_s
             # sent away from busy replicas: more replicas would have kept it, as a wait would
             waited = waited or (local[t] and queued_s > 0.0)
         if not local[t]:
-            start = ready + read_s[t]
+            start = ready + request_s + read_s[t]
             if free_s[0] > start:
                 start, waited = free_s[0], True
             end = start + compute_s[t]
             heapq.heapreplace(free_s, end)
-            first = end + send_s[t]
+            first = end + send_s[t] + request_s
         else:
-            first = ready + compute_s[t]
+            first = ready + request_s + compute_s[t]
         ttft_s[t] = first - ready
         if next_task[t] >= 0:
             heapq.heappush(pending, (first + after_s[t], next_task[t]))

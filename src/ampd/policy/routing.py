@@ -50,8 +50,13 @@ def remote_prefill_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView,
 
 def remote_estimate_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView, perf: PerfModel) -> float:
     """``t_remote_i`` of Algorithm 1: drain the prefill worker's queue, then
-    ``remote_prefill_s``."""
-    return prefill.queue_drain_s + remote_prefill_s(task, decode, prefill, perf)
+    ``remote_prefill_s``, plus the serving path of its two engine requests
+    (``perf.request_overhead_s``: prefill engine, then decode engine; 0 in the
+    paper's model). [our choice] The first request is counted after the drain:
+    so it runs when served (the coordinator holds the queue); the simulator
+    sends it before the queue, where it overlaps a draining queue and the
+    estimate runs high by up to one request."""
+    return prefill.queue_drain_s + remote_prefill_s(task, decode, prefill, perf) + 2 * perf.request_overhead_s
 
 
 def local_estimate_s(task: PrefillTask, decode: WorkerView, perf: PerfModel,
@@ -62,7 +67,8 @@ def local_estimate_s(task: PrefillTask, decode: WorkerView, perf: PerfModel,
     Each prefill takes what ``batching`` makes of it on the worker's batch
     (``ampd.policy.batching.local_prefill``): ``T_pre`` alone when the engine
     pauses the batch (the paper's formula, queued tasks at their ``cost_s``); the
-    sum of its mixed steps when it prefills in chunks, queued tasks included."""
+    sum of its mixed steps when it prefills in chunks, queued tasks included.
+    Plus the serving path of its one engine request (``perf.request_overhead_s``)."""
     tp = decode.spec.tp
 
     def ttft_s(t: PrefillTask) -> float:
@@ -70,8 +76,8 @@ def local_estimate_s(task: PrefillTask, decode: WorkerView, perf: PerfModel,
                              decode.context_tokens).ttft_s
 
     if batching.chunked:
-        return ttft_s(task) + sum(ttft_s(q.task) for q in decode.queue)
-    return ttft_s(task) + sum(q.cost_s for q in decode.queue)
+        return ttft_s(task) + sum(ttft_s(q.task) for q in decode.queue) + perf.request_overhead_s
+    return ttft_s(task) + sum(q.cost_s for q in decode.queue) + perf.request_overhead_s
 
 
 class AdaptiveRouter:

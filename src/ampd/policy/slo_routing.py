@@ -163,7 +163,8 @@ class SloRouter:
 
         def option(chunk_tokens: int | None) -> LocalOption:
             ttft_s, spent_s = self._run(task, decode, chunk_tokens)
-            return LocalOption(waited_s + ahead_ttft_s + ttft_s, ahead_damage_s + spent_s,
+            ttft_s += waited_s + ahead_ttft_s + self.perf.request_overhead_s
+            return LocalOption(ttft_s, ahead_damage_s + spent_s,
                                chunk_tokens if self.per_task_chunks else None, spent_s <= left_s)
 
         largest = self._largest_chunk(task.new_tokens, decode.batch_size)

@@ -22,7 +22,9 @@ and after a real run splits the two:
   (``vllm:request_queue_time_seconds``: waiting for a step, and for a KV read). A
   remote round's TTFT is its prefill engine's plus its decode engine's plus the path
   between them (the coordinator, HTTP); a local round's, its decode engine's plus
-  the path.
+  the path. Beside them the profile's serving path of the same rounds (two engine
+  requests a remote round, one a local round, at ``perf.request_overhead_s``),
+  which the simulator adds; the coordinator's own part of the path is in neither.
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
         ``remote_prefills_engine`` (prefills the prefill engines counted);
         ``kv_xfer_engine_s`` (mean, seconds) and ``kv_xfers_engine`` (count);
         for each role R, ``ttft_R_engine_s`` and ``queue_R_engine_s`` (the engines' means,
-        seconds). A mean with nothing to average is None.
+        seconds); ``serving_path_model_s`` (the profile's, mean over the real run's
+        rounds, seconds). A mean with nothing to average is None.
     """
     def of(role: str) -> tuple[list[Snapshot], list[Snapshot]]:
         pairs = [(b, a) for r, b, a in zip(roles, before, after) if r == role]
@@ -104,7 +107,8 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
 
     decode_before, decode_after = of("decode")
     prefill_before, prefill_after = of("prefill")
-    remote = [r for s in real for r in s.rounds if r.local is False and r.first_token_s is not None]
+    served = [r for s in real for r in s.rounds if r.first_token_s is not None]
+    remote = [r for r in served if r.local is False]
     model_s = [perf.prefill_s(*_computed(r.hist_tokens, r.new_tokens, history_read_min_tokens), prefill_tp)
                for r in remote]
     prefill_sum_s, prefill_count = _gained(prefill_before, prefill_after, PREFILL_TIME)
@@ -117,6 +121,7 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
         "remote_prefill_engine_s": _mean(prefill_sum_s, prefill_count),
         "remote_rounds": len(remote), "remote_prefills_engine": int(prefill_count),
         "kv_xfer_engine_s": _mean(xfer_sum_s, xfer_count), "kv_xfers_engine": int(xfer_count),
+        "serving_path_model_s": _mean((len(served) + len(remote)) * perf.request_overhead_s, len(served)),
         **{f"{what}_{role}_engine_s": _mean(*_gained(*of(role), histogram))
            for role in ("prefill", "decode") for what, histogram in (("ttft", TIME_TO_FIRST_TOKEN),
                                                                      ("queue", QUEUE_TIME))},

@@ -5,11 +5,13 @@ Layout (``"format": "ampd.profile/1"``):
 
 - ``fingerprint``: each engine's served model, engine and version, KV block size and
   blocks, ``max_model_len``; the TP given; the KV connector seen; seed and grid;
-- ``points``: every measured point (``prefill``, ``decode``, ``kv``, ``mixed``);
+- ``points``: every measured point (``prefill``, ``decode``, ``kv``, ``mixed``,
+  ``overhead``);
 - ``fit_report``: per function, breakpoints, training and held-out MAPE, and what each
   time was measured by (engine counters or the client's clock);
 - ``perf_model``: an ``ampd.perf.alphabeta/2`` object (docs/PERF_MODEL.md) with the
-  measured KV link, KV capacity, KV bytes per token and batching where measured.
+  measured KV link, KV capacity, KV bytes per token, batching and request overhead
+  where measured.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ MEASURED_BY = {
     "kv": "engine: vllm:nixl_xfer_time_seconds and vllm:nixl_bytes_transferred",
     "batching": "engine: vllm:inter_token_latency_seconds buckets, a batch with a local prefill against one "
                 "without",
+    "request_overhead": "client: time to the first streamed token of a 16-token prompt, less the engine's "
+                        "vllm:time_to_first_token_seconds (median of the probes)",
 }
 
 
@@ -47,13 +51,16 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
     if fits["kv"] is not None:
         report["kv"] = fits["kv"].report()
     report["batching"] = fits["batching"]
+    if fits["request_overhead_s"] is not None:
+        report["request_overhead_s"] = fits["request_overhead_s"]
     report["measured_by"] = MEASURED_BY
     blocks, block = decode_print.get("num_gpu_blocks"), decode_print.get("block_size_tokens")
     mode = fits["batching"]["mode"]
     measured = Measured(kv_link=fits["kv"].link if fits["kv"] is not None else None,
                         kv_capacity_tokens={tp: blocks * block} if blocks and block else None,
                         kv_bytes_per_token=fits["kv_bytes_per_token"],
-                        batching=None if mode == "unmeasured" else EngineBatching(mode, fits["batching"].get("chunk_tokens")))
+                        batching=None if mode == "unmeasured" else EngineBatching(mode, fits["batching"].get("chunk_tokens")),
+                        request_overhead_s=fits["request_overhead_s"])
     held_out = {name: report[name]["held_out_mape"] for name in ("prefill", "decode", "kv") if name in report}
     perf = AlphaBetaPerfModel(model, gpu, default_topology(gpu), {tp: fits["prefill"].cost}, {tp: fits["decode"].cost},
                               {"source": "ampd profile", "held_out_mape": held_out}, measured)

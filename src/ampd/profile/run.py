@@ -4,7 +4,8 @@
 What runs where: ``T_pre``, ``T_dec`` and the mixed batch on the decode engine (a
 decode engine serves local prefills too, so it answers plain requests; a prefill
 engine behind a KV connector may not); ``T_kv`` from the prefill engine to the decode
-engine when a prefill engine is given. Probes run one at a time, never overlapping,
+engine when a prefill engine is given; the serving path of one request on the decode
+engine (``ampd.profile.overhead_probe``). Probes run one at a time, never overlapping,
 so each engine-side reading belongs to one probe.
 """
 
@@ -26,6 +27,7 @@ from ampd.profile.decode_probe import (DecodePoint, MixedPoint, chunk_budget_tok
 from ampd.profile.engine import ProbedEngine, connect
 from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_prefill_points
 from ampd.profile.kv_probe import KvPoint, measure_kv
+from ampd.profile.overhead_probe import OverheadPoint, measure_overhead
 from ampd.profile.prefill_probe import PrefillPoint, measure_prefill
 
 
@@ -44,6 +46,8 @@ class ProfileGrid:
         kv_tokens: prompt sizes of the ``T_kv`` probes, tokens.
         mixed_batch_size, mixed_new_tokens: the mixed-batch probe: streams running,
             and the local prefill that joins them, tokens.
+        overhead_probes: serving-path probes per repeat (their median is the
+            profile's ``request_overhead_s``).
         repeats: probes per grid point (their median is fitted).
         warmup: unmeasured probes first (first requests compile kernels, first
             transfers make the NIXL handshake).
@@ -63,6 +67,7 @@ class ProfileGrid:
     kv_tokens: tuple[int, ...] = (128, 256, 512, 1024, 2048)
     mixed_batch_size: int = 4
     mixed_new_tokens: int = 3072
+    overhead_probes: int = 4
     repeats: int = 3
     warmup: int = 2
     chunk_tokens: int | None = None
@@ -71,7 +76,7 @@ class ProfileGrid:
         if self.chunk_tokens is not None and self.chunk_tokens <= self.mixed_batch_size:
             raise InputError(f"profile grid: chunk_tokens must exceed mixed_batch_size {self.mixed_batch_size}, "
                              f"got {self.chunk_tokens}")
-        for name in ("repeats", "mixed_batch_size", "mixed_new_tokens"):
+        for name in ("repeats", "mixed_batch_size", "mixed_new_tokens", "overhead_probes"):
             if getattr(self, name) < 1:
                 raise InputError(f"profile grid: {name} must be >= 1, got {getattr(self, name)}")
         if self.decode_output_tokens < 8:
@@ -86,10 +91,11 @@ class Measurements:
     decode: list[DecodePoint] = dataclasses.field(default_factory=list)
     kv: list[KvPoint] = dataclasses.field(default_factory=list)
     mixed: list[MixedPoint] = dataclasses.field(default_factory=list)
+    overhead: list[OverheadPoint] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, list[dict]]:
         return {name: [dataclasses.asdict(p) for p in getattr(self, name)]
-                for name in ("prefill", "decode", "kv", "mixed")}
+                for name in ("prefill", "decode", "kv", "mixed", "overhead")}
 
 
 async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, seed: int,
@@ -142,6 +148,7 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
         plan += [("prefill", pre(h, n), True) for h, n in prefill_grid]
         plan += [("decode", dec(b, p), True) for b, p in decode_grid]
         plan += [("kv", kv(t), True) for t in kv_grid]
+        plan += [("overhead", lambda: measure_overhead(decode), True) for _ in range(grid.overhead_probes)]
     mixed_prompt = min(grid.decode_prompt_tokens)
     mixed_new = min(grid.mixed_new_tokens, limit - 1)
     mixed_output = grid.decode_output_tokens
@@ -159,7 +166,9 @@ def fit(points: Measurements, seed: int, known_chunk_tokens: int | None = None) 
 
     Returns:
         ``{"prefill": FitResult, "decode": FitResult, "kv": FitResult | None,
-        "kv_bytes_per_token": int | None, "batching": dict}``.
+        "kv_bytes_per_token": int | None, "batching": dict, "request_overhead_s":
+        float | None}`` (the median serving path of the overhead probes, at
+        least 0; None without them).
 
     Raises:
         InputError: too few points to fit a function.
@@ -169,8 +178,10 @@ def fit(points: Measurements, seed: int, known_chunk_tokens: int | None = None) 
     decode = fit_decode_points([(b, ctx, t) for (b, _), (ctx, t) in decode_medians(points.decode).items()], rng)
     kv = fit_kv_points([(p.bytes, 0, p.time_s) for p in points.kv], rng) if points.kv else None
     bytes_per_token = round(statistics.median(p.bytes / p.tokens for p in points.kv)) if points.kv else None
+    # A median below 0 (the client's clock finer than the path) is no path: 0.
+    overhead_s = max(0.0, statistics.median(p.overhead_s for p in points.overhead)) if points.overhead else None
     return {"prefill": prefill, "decode": decode, "kv": kv, "kv_bytes_per_token": bytes_per_token,
-            "batching": batching(points.mixed, known_chunk_tokens)}
+            "batching": batching(points.mixed, known_chunk_tokens), "request_overhead_s": overhead_s}
 
 
 def decode_medians(points: list[DecodePoint]) -> dict[tuple[int, int], tuple[int, float]]:

@@ -82,7 +82,8 @@ class Coordinator:
         prefill = {i: w for i, w in ctx.workers.items() if w.spec.role is Role.PREFILL}
         slots = {i: PREFILL_SLOTS[w.kind] for i, w in prefill.items()}
         self.dispatcher = PrefillDispatcher(store, self.engines, queue_policy, clock, options.replica_id, prefill,
-                                            slots, options.kv_timeout_s, self.health.mark_dead)
+                                            slots, options.kv_timeout_s, self.health.mark_dead,
+                                            2 * ctx.perf.request_overhead_s)
         self.mirror = StateMirror(store, sorted(ctx.workers), clock) if StateMirror.supported(store) else None
         self.sessions = SessionBook(ctx, self.health, self.view, self.mirror)
         self.histories = HistoryIndex(store, options.session_block_tokens)

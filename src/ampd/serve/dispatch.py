@@ -40,12 +40,17 @@ class PrefillDispatcher:
         slots: tasks a worker's engine takes at once (docs/SERVING.md).
         timeout_s: longest engine call, model seconds.
         on_engine_down: called with a worker id whose engine is unreachable.
+        after_s: what follows a task leaving the queue besides its prefill, before
+            its first token, model seconds: the serving path of its two engine
+            requests (``2 x perf.request_overhead_s``), the same for every task,
+            so the queue policy counts it as a delay.
     """
 
     def __init__(self, store: StateStore, engines: EngineClient, queue_policy: QueuePolicy, clock: ScaledClock,
                  replica_id: str, workers: Mapping[int, WorkerInfo], slots: Mapping[int, int], timeout_s: float,
-                 on_engine_down: Callable[[int], Awaitable[None]]) -> None:
+                 on_engine_down: Callable[[int], Awaitable[None]], after_s: float = 0.0) -> None:
         self.store, self.engines, self.queue_policy, self.clock = store, engines, queue_policy, clock
+        self.after_s = after_s
         self.replica_id, self.workers, self.slots, self.timeout_s = replica_id, workers, slots, timeout_s
         self.on_engine_down = on_engine_down
         self._active: set[int] = set()
@@ -92,7 +97,7 @@ class PrefillDispatcher:
         if not self._can_dispatch(worker_id, state):
             return False
         queued = [e.queued for e in state.queue]
-        decision = self.queue_policy.pick(queued, now_s, busy_s(state.inflight, now_s))
+        decision = self.queue_policy.pick(queued, now_s, busy_s(state.inflight, now_s) + self.after_s)
         reordered = apply_order(queued, decision)
         await self.store.set_postponements(worker_id, {
             task_key(q.task.session_id, q.task.round_index): q.postponements for q, old in zip(reordered, queued) if q.postponements != old.postponements})

@@ -39,6 +39,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import random
 import sys
 import time
@@ -120,6 +121,9 @@ class EngineOptions:
         batching, chunk_tokens: the decode worker's ``Batching``.
         kv_retention, pin_ttl_s: the decode worker's ``SessionKvCache`` policy.
         vocab_size: prompt ids must be below it; output ids are.
+        api_delay_s: model seconds every completion request waits before the engine
+            takes it in (outside its TTFT counter): a known serving path, as a
+            real engine's API server adds one (``ampd.profile.overhead_probe``).
 
     Raises:
         ValueError: an id, degree or rate out of range (the message names it).
@@ -143,6 +147,7 @@ class EngineOptions:
     kv_retention: str = "resident"
     pin_ttl_s: float = 0.0
     vocab_size: int = DEFAULT_VOCAB_SIZE
+    api_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name, low in (("worker_id", 0), ("tp", 1), ("server", 0), ("vocab_size", 1)):
@@ -150,6 +155,8 @@ class EngineOptions:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if not 0.0 <= self.kv_fail_rate <= 1.0:
             raise ValueError(f"kv_fail_rate must be in [0, 1], got {self.kv_fail_rate}")
+        if not (math.isfinite(self.api_delay_s) and self.api_delay_s >= 0.0):
+            raise ValueError(f"api_delay_s (--api-delay-s) must be a finite number >= 0, got {self.api_delay_s}")
 
 
 class RequestError(Exception):
@@ -293,7 +300,7 @@ class MockEngine:
         self._held: dict[str, np.ndarray] = {}
         self._decode_specs: dict[int, WorkerSpec] = {}
         self.worker = self._make_worker()
-        self.metrics = MockEngineMetrics(self.capacity_tokens)
+        self.metrics = MockEngineMetrics(self.capacity_tokens, options.time_scale)
         self._ids = itertools.count()
         self._fail_rng = random.Random(options.seed)
 
@@ -413,6 +420,7 @@ class MockEngine:
         rnd.emit()
         rnd.first_token_s = rnd.last_token_s = self.loop.now_s
         self.metrics.prefill_time_s.observe(rnd.last_token_s - rnd.submit_s - rnd.kv_send_s)
+        self.metrics.time_to_first_token_s.observe(rnd.first_token_s - rnd.submit_s)
         if self.spec.role is Role.PREFILL:
             del self._decode_specs[task.decode_worker]
             self._end(task.key)
@@ -518,6 +526,8 @@ def create_app(options: EngineOptions, perf: PerfModel | None = None) -> FastAPI
             return RequestError(400, "body: not valid JSON", "body").response()
         try:
             request = parse_request(body, options.model, options.vocab_size)
+            if options.api_delay_s:
+                await asyncio.sleep(options.api_delay_s * options.time_scale)
             last_round = http.headers.get(LAST_ROUND_HEADER, "").lower() == "true"
             rnd = engine.submit(request, http.headers.get(SESSION_ID_HEADER, ""), last_round)
         except RequestError as exc:
@@ -574,6 +584,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-retention", choices=RETENTION_POLICIES, default="resident")
     p.add_argument("--pin-ttl-s", type=float, default=0.0)
     p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE)
+    p.add_argument("--api-delay-s", type=float, default=0.0,
+                   help="model seconds each request waits before the engine takes it in")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     return p
 

@@ -33,10 +33,14 @@ class MockEngineMetrics:
         capacity_tokens: the engine's KV capacity, reported as vLLM's
             ``cache_config_info`` with a block of 1 token (the mock's prefix hits are
             exact to the token).
+        time_scale: the engine's wall seconds per model second, reported as
+            ``ampd_mock_time_scale`` (``ampd.profile.overhead_probe``).
     """
 
-    def __init__(self, capacity_tokens: int) -> None:
+    def __init__(self, capacity_tokens: int, time_scale: float = 1.0) -> None:
         self.registry = CollectorRegistry()
+        self.time_to_first_token_s = Histogram("vllm:time_to_first_token_seconds", "arrival to first token, model s",
+                                               registry=self.registry, buckets=_TIME_BUCKETS_S)
         self.prefill_time_s = Histogram("vllm:request_prefill_time_seconds", "arrival to first token, model s",
                                         registry=self.registry, buckets=_TIME_BUCKETS_S)
         self.decode_time_s = Histogram("vllm:request_decode_time_seconds", "first to last token, model s",
@@ -50,6 +54,8 @@ class MockEngineMetrics:
         info = Gauge("vllm:cache_config_info", "KV cache configuration", ["block_size", "num_gpu_blocks"],
                      registry=self.registry)
         info.labels(block_size="1", num_gpu_blocks=str(capacity_tokens)).set(1)
+        # Not vLLM's: the profiler turns its client clock into the mock's model seconds with it.
+        Gauge("ampd_mock_time_scale", "wall seconds per model second", registry=self.registry).set(time_scale)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""

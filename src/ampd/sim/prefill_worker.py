@@ -23,17 +23,23 @@ class SimPrefillWorker:
     and no fetched task is waiting, i.e. at most one task ahead of the one
     computing: the read is lazy, and it overlaps the compute in flight. When the
     compute ends, the new KV (``new_tokens``) travels back to the decode worker;
-    its arrival is the round's first token. The windowed TTFT counts the rounds
-    this worker prefilled, at the time their first token arrives.
+    its arrival, ``after_s`` later, is the round's first token. The windowed TTFT
+    counts the rounds this worker prefilled, as their first token will arrive.
 
     Args:
         decode_spec: maps a decode worker id to its spec (for transfer times).
+        after_s: what follows a task's KV arriving before its first token reaches
+            the user, seconds: the decode engine's request in ``SimCluster``
+            (``perf.request_overhead_s``); 0 in a mock engine, whose requests are
+            real. Counted in the window's TTFT and in the queue policy's view of
+            each task's completion.
     """
 
     def __init__(self, spec: WorkerSpec, loop: EventLoop, perf: PerfModel, queue_policy: QueuePolicy,
-                 sink: RoundSink, window_s: float, decode_spec: Callable[[int], WorkerSpec]) -> None:
+                 sink: RoundSink, window_s: float, decode_spec: Callable[[int], WorkerSpec],
+                 after_s: float = 0.0) -> None:
         self.spec, self.loop, self.perf, self.queue_policy, self.sink = spec, loop, perf, queue_policy, sink
-        self.decode_spec = decode_spec
+        self.decode_spec, self.after_s = decode_spec, after_s
         self.queue: list[QueuedTask] = []
         self.ttft_window = SlidingWindowMean(window_s)
         self._fetching: QueuedTask | None = None
@@ -63,7 +69,8 @@ class SimPrefillWorker:
     def _start_read(self) -> None:
         now_s = self.loop.now_s
         delay_s = max(0.0, self._computing_until_s - now_s) if self._computing_until_s is not None else 0.0
-        decision = self.queue_policy.pick(self.queue, now_s, delay_s)
+        # Every task's first token comes after_s after its KV: a delay the same for each
+        decision = self.queue_policy.pick(self.queue, now_s, delay_s + self.after_s)
         self.queue = apply_order(self.queue, decision)
         self._fetching, self._fetched = self.queue.pop(0), False
         task = self._fetching.task
@@ -87,5 +94,5 @@ class SimPrefillWorker:
         self._advance()
 
     def _deliver(self, task: PrefillTask) -> None:
-        self.ttft_window.add(self.loop.now_s, self.loop.now_s - task.ready_s)
+        self.ttft_window.add(self.loop.now_s, self.loop.now_s + self.after_s - task.ready_s)
         self.sink.first_token(task, self.spec.worker_id, False)
