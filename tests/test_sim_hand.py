@@ -94,3 +94,22 @@ def test_the_serving_path_adds_two_requests_to_a_remote_round_and_one_to_a_local
     router = AdaptiveRouter(ServedStub(), SloThresholds(5.0, 0.05), random.Random(0))
     (local,) = _cluster("D:<TP=1,DP=1>", router, ServedStub()).run([Session("a", 0.0, (Round(1000, 2),))]).sessions
     assert local.rounds[0].local and local.rounds[0].first_token_s == pytest.approx(1.05)
+
+
+def test_a_prefill_queue_policy_counts_the_decode_engines_request_after_each_task():
+    # Two sessions reach an idle prefill worker at 0.05 (their request's 50 ms): the first is
+    # read and computed at once, the second picked from the queue when the read stage frees,
+    # with the first's compute (1.0 s) still running. The policy is told the tasks start
+    # after that compute, plus the 50 ms the decode engine's request adds to every one.
+    seen = []
+
+    class Spy(Fcfs):
+        def pick(self, queue, now_s, start_delay_s=0.0):
+            seen.append((now_s, start_delay_s))
+            return super().pick(queue, now_s, start_delay_s)
+
+    specs = Deployment.parse("P:<TP=1,DP=1> D:<TP=1,DP=1>").workers(8)
+    sessions = [Session("a", 0.0, (Round(1000, 2),)), Session("b", 0.0, (Round(1000, 2),))]
+    SimCluster(specs, ServedStub(), AlwaysRemoteRouter(), Spy()).run(sessions)
+    assert seen[0] == pytest.approx((0.05, 0.05))  # nothing computing: only the request
+    assert seen[1] == pytest.approx((0.05, 1.0 + 0.05))  # a's compute ahead, then the request

@@ -187,15 +187,18 @@ def sample_sessions(config: RunConfig) -> list[Session]:
     return list(_trace(config))
 
 
-def measure_for(config: RunConfig, perf: PerfModel | None = None) -> MeasurePlan | None:
+def measure_for(config: RunConfig, perf: PerfModel | None = None,
+                slo: SloThresholds | None = None) -> MeasurePlan | None:
     """The run's phases (``ampd.measure.measure_plan``; fields of ``config.measure``
-    that are set win), or None for a run of ``workload.num_sessions`` sessions."""
+    that are set win), or None for a run of ``workload.num_sessions`` sessions.
+    ``perf`` and ``slo``: the run's (``perf_model_for``, ``slo_for``) when the caller
+    has them already."""
     if config.workload.num_sessions is not None:
         return None
     perf = perf or perf_model_for(config)
     sample = sample_sessions(config)
     unloaded = UnloadedLifetimes(perf, reference_tp(perf))
-    slo = slo_for(config, perf)
+    slo = slo or slo_for(config, perf)
     m = config.measure
     return measure_plan(unloaded, unloaded.mean_s(sample), slo_lifetime_s(sample, slo.ttft_s, slo.itl_s),
                         rate_for(config), m.warmup_s, m.window_s, m.drain_s)
@@ -337,9 +340,9 @@ def simulate(config: RunConfig, sessions: list[Session] | None = None) -> RunOut
     system = get_system(config.system)
     specs = check_runnable(config)
     perf = perf_model_for(config)
-    plan = measure_for(config, perf)
-    sessions = sessions if sessions is not None else sessions_for(config, plan)
     slo = slo_for(config, perf)
+    plan = measure_for(config, perf, slo)
+    sessions = sessions if sessions is not None else sessions_for(config, plan)
     p = config.policy
     knobs = knobs_for(config, perf)
     router = system.make_router(perf, slo, knobs, random.Random(config.seed))

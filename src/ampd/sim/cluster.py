@@ -193,17 +193,11 @@ class SimCluster:
                                               recomputed_tokens=hist_tokens - cached))
         decision = self.router.route(task, self.view(), self.loop.now_s)
         self.result.routes.append(decision)
-        self._after_request(self._enqueue, task, decision)
-
-    def _after_request(self, fn, *args) -> None:
-        """Call ``fn(*args)`` once an engine request has crossed the serving path
-        (``perf.request_overhead_s``; at once where it is 0, so a catalog model's
-        events keep their order)."""
         overhead_s = self.perf.request_overhead_s
-        if overhead_s > 0:
-            self.loop.after(overhead_s, fn, *args)
-        else:
-            fn(*args)
+        if overhead_s > 0:  # the request crosses the serving path to its engine
+            self.loop.after(overhead_s, self._enqueue, task, decision)
+        else:  # at once, so a catalog model's events keep their order
+            self._enqueue(task, decision)
 
     def _enqueue(self, task: PrefillTask, decision: RouteDecision) -> None:
         target = self.workers[decision.worker_id]
@@ -213,12 +207,6 @@ class SimCluster:
             target.enqueue(task)
 
     def first_token(self, task: PrefillTask, prefill_worker: int, local: bool) -> None:
-        if local:
-            self._first_token(task, prefill_worker, local)
-        else:  # the decode engine's request, after the prefill engine's answer
-            self._after_request(self._first_token, task, prefill_worker, local)
-
-    def _first_token(self, task: PrefillTask, prefill_worker: int, local: bool) -> None:
         live = self._live[task.session_id]
         record = live.record.rounds[task.round_index]
         record.first_token_s, record.local, record.prefill_worker = self.loop.now_s, local, prefill_worker

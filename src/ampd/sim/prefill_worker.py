@@ -23,16 +23,15 @@ class SimPrefillWorker:
     and no fetched task is waiting, i.e. at most one task ahead of the one
     computing: the read is lazy, and it overlaps the compute in flight. When the
     compute ends, the new KV (``new_tokens``) travels back to the decode worker;
-    its arrival, ``after_s`` later, is the round's first token. The windowed TTFT
-    counts the rounds this worker prefilled, as their first token will arrive.
+    ``after_s`` after its arrival comes the round's first token. The windowed TTFT
+    counts the rounds this worker prefilled, at the time their first token arrives.
 
     Args:
         decode_spec: maps a decode worker id to its spec (for transfer times).
-        after_s: what follows a task's KV arriving before its first token reaches
-            the user, seconds: the decode engine's request in ``SimCluster``
-            (``perf.request_overhead_s``); 0 in a mock engine, whose requests are
-            real. Counted in the window's TTFT and in the queue policy's view of
-            each task's completion.
+        after_s: from a task's KV arriving to its first token, seconds: the
+            decode engine's request in ``SimCluster`` (``perf.request_overhead_s``);
+            0 in a mock engine, whose requests are real. The queue policy counts it
+            in each task's completion.
     """
 
     def __init__(self, spec: WorkerSpec, loop: EventLoop, perf: PerfModel, queue_policy: QueuePolicy,
@@ -90,9 +89,9 @@ class SimPrefillWorker:
     def _end_compute(self, task: PrefillTask) -> None:
         self._computing_until_s = None
         send_s = self.perf.kv_transfer_s(task.new_tokens, self.spec, self.decode_spec(task.decode_worker))
-        self.loop.after(send_s, self._deliver, task)
+        self.loop.after(send_s + self.after_s, self._deliver, task)
         self._advance()
 
     def _deliver(self, task: PrefillTask) -> None:
-        self.ttft_window.add(self.loop.now_s, self.loop.now_s + self.after_s - task.ready_s)
+        self.ttft_window.add(self.loop.now_s, self.loop.now_s - task.ready_s)
         self.sink.first_token(task, self.spec.worker_id, False)
