@@ -200,3 +200,48 @@ def test_prefill_timeouts_fall_back_and_a_redis_outage_degrades_without_crashing
     assert text.status_code == 200 and text.json()["usage"]["prompt_tokens"] == len("hello there")
     assert fallbacks and {f["reason"] for f in fallbacks} == {"timeout"}
     assert health["status"] == "degraded" and health["store"] == "unreachable"
+
+
+def _histograms(url: str) -> dict[tuple[str, tuple], float]:
+    """Every ``_sum`` and ``_count`` sample of ``url/metrics`` by (name, labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    samples = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for s in family.samples:
+            if s.name.endswith(("_sum", "_count")):
+                key = (s.name, tuple(sorted(s.labels.items())))
+                samples[key] = samples.get(key, 0.0) + s.value
+    return samples
+
+
+def test_a_remote_rounds_phases_add_up_to_its_ttft_and_hold_each_engines_own_ttft(tmp_path):
+    """Every round remote (pd-disagg): the coordinator's phases of a round
+    (``ampd_round_phase_seconds``) sum to the TTFT it observed, for every round; the
+    dispatcher's prefill call holds the prefill engine's own TTFT (its histogram,
+    kept by the engine), the first-token phase the decode engine's; mock engines
+    export no history."""
+    config = serving(override(BASE, system="pd-disagg", workload={"num_sessions": 6}), time_scale=0.25)
+    slo = simulate(config).slo
+    with LocalCluster(config, tmp_path) as cluster:
+        [result] = replay_split(cluster.urls, config, slo)
+        coordinator = _histograms(cluster.urls[0])
+        engines = {w.role: {} for w in cluster.config.serve.workers}
+        for w in cluster.config.serve.workers:
+            for key, value in _histograms(w.url).items():
+                engines[w.role][key] = engines[w.role].get(key, 0.0) + value
+    assert result.failed == []
+    rounds = sum(len(s.rounds) for s in result.sessions)
+
+    def phase(name: str, what: str = "sum") -> float:
+        return coordinator[(f"ampd_round_phase_seconds_{what}", (("phase", name), ("route", "remote")))]
+
+    names = ("route", "queue", "export", "prefill", "handoff", "first_token")
+    assert all(phase(n, "count") == rounds for n in names)
+    assert sum(phase(n) for n in names) == pytest.approx(coordinator[("ampd_ttft_seconds_sum", ())], rel=1e-9)
+    assert phase("export") == 0.0
+    engine_ttft = ("vllm:time_to_first_token_seconds_sum", ())
+    assert engines["prefill"][engine_ttft] > 0 and phase("prefill") >= engines["prefill"][engine_ttft]
+    # A mock decode engine streams a remote round's first token on arrival (the mock
+    # prefill engine's reply came after the KV send): its own TTFT is 0.
+    assert phase("first_token") >= engines["decode"][engine_ttft] == 0.0
+    assert phase("handoff") >= 0 and phase("queue") >= 0

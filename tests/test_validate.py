@@ -64,6 +64,19 @@ def test_validate_on_mock_engines_matches_the_simulator_where_it_models_the_clus
             placed = [row["local"] for row in csv.DictReader(f)]
         requests = sum(1 if local == "True" else 2 for local in placed)
         assert side["serving_path_model_s"] == pytest.approx(overhead_s * requests / len(placed))
+        # The coordinator's phases of the same rounds: one count per round it served, the
+        # remote ones' phases within what the client waited (the client's clock starts
+        # before the request reaches the coordinator), the prefill call holding the
+        # prefill engine's own TTFT.
+        phases = side["coordinator_phases"]
+        assert sum(p["rounds"] for p in phases.values()) == len(placed)
+        remote = phases["remote"]
+        assert remote["rounds"] == side["remote_rounds"] and remote["export_s"] == 0.0
+        with open(tmp_path / "out" / f"rounds-real-{i + 1}.csv") as f:
+            waits = [float(row["ttft_s"]) for row in csv.DictReader(f)
+                     if row["local"] == "False"]
+        assert sum(v for k, v in remote.items() if k.endswith("_s")) <= sum(waits) / len(waits)
+        assert remote["prefill_s"] >= side["ttft_prefill_engine_s"]
     assert (tmp_path / "out" / "rounds-sim.csv").exists() and (tmp_path / "out" / "rounds-real-2.csv").exists()
     out = capsys.readouterr().out
     assert "real run 2 vs real run 1" in out and "where the gap lies" in out

@@ -54,7 +54,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-sessions", type=int, help="run exactly this many sessions: a transient, not a steady "
                                                     "state (default: a steady-state run, see --window-s)")
     p.add_argument("--warmup-s", type=float, help="steady-state run: seconds of arrivals before the measurement "
-                                                  "window (default: 2 unloaded session lifetimes)")
+                                                  "window (default: 2 SLO lifetimes, a session at its thresholds; "
+                                                  "docs/SIMULATOR.md)")
     p.add_argument("--window-s", type=float, help="steady-state run: the measurement window, seconds (default: "
                                                   "10 lifetimes, at least 2,000 sessions)")
     p.add_argument("--drain-s", type=float, help="steady-state run: longest wait after the window for its "

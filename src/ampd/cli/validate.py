@@ -12,6 +12,7 @@ from ampd.cli.options import add_run_options, config_from_args, output_dir, posi
 from ampd.cli.profile import QUICK_GRID
 from ampd.cli.tables import print_table
 from ampd.metrics.report import round_rows, write_csv, write_json
+from ampd.profile.engine_side import PHASES
 from ampd.profile.plots import plot_sim_vs_real
 from ampd.profile.run import ProfileGrid
 from ampd.profile.validate import validate
@@ -78,6 +79,13 @@ def cmd_validate(args: argparse.Namespace) -> None:
     for label, key, scale in _ENGINE_ROWS:
         engines.add_row(label, *(_engine_cell({**figures, **side}, key, scale)
                                  for figures, side in zip(result.figures, result.engine_side)))
+    for route, names in PHASES.items():  # the coordinators' split of the client's TTFT
+        if not any(route in side["coordinator_phases"] for side in result.engine_side):
+            continue
+        for name in names:
+            engines.add_row(f"TTFT of a {route} round, coordinator's {name} phase (ms)",
+                            *(_engine_cell(side["coordinator_phases"].get(route, {f"{name}_s": None}), f"{name}_s", 1e3)
+                              for side in result.engine_side))
     print_table(engines)
     failed = sum(len(run.failed) for run in result.runs)
     write_json(out_dir / "validate.json", {

@@ -24,7 +24,10 @@ and after a real run splits the two:
   between them (the coordinator, HTTP); a local round's, its decode engine's plus
   the path. Beside them the profile's serving path of the same rounds (two engine
   requests a remote round, one a local round, at ``perf.request_overhead_s``),
-  which the simulator adds; the coordinator's own part of the path is in neither.
+  which the simulator adds;
+- **the coordinator's phases** (``coordinator_phases``): each coordinator's
+  ``ampd_round_phase_seconds`` (``ampd.serve.round_phases``) over the run, the mean
+  of each phase per route: where the rest of a TTFT lies.
 """
 
 from __future__ import annotations
@@ -45,7 +48,14 @@ from ampd.profile.scrape import (
     Snapshot,
     delta,
     scrape,
+    series,
 )
+from ampd.serve.round_phases import DISPATCH_PHASES
+
+ROUND_PHASE = "ampd_round_phase_seconds"
+PHASES = {"remote": ("route", *DISPATCH_PHASES, "handoff", "first_token"), "local": ("route", "first_token"),
+          "fallback": ("route", "first_token")}
+"""Each route's phases, in the order a round passes them (``ampd.serve.round_phases``)."""
 
 
 async def snapshot_engines(urls: Sequence[str]) -> list[Snapshot]:
@@ -135,3 +145,19 @@ def _computed(hist_tokens: int, new_tokens: int, history_read_min_tokens: int | 
     if history_read_min_tokens is None or 0 < hist_tokens < history_read_min_tokens:
         return 0, hist_tokens + new_tokens
     return hist_tokens, new_tokens
+
+
+def coordinator_phases(before: Sequence[Snapshot], after: Sequence[Snapshot]) -> dict[str, dict[str, float | int]]:
+    """Per route (``remote``, ``local``, ``fallback``) with rounds in the run: the
+    mean of each phase over the coordinators' rounds, seconds, and ``rounds``.
+
+    Args:
+        before, after: each coordinator's scrape before and after the run.
+    """
+    phases: dict[str, dict[str, float | int]] = {}
+    for route, names in PHASES.items():
+        gained = {name: _gained(before, after, series(ROUND_PHASE, phase=name, route=route)) for name in names}
+        count = gained[names[0]][1]
+        if count:
+            phases[route] = {"rounds": int(count), **{f"{name}_s": total / count for name, (total, _) in gained.items()}}
+    return phases

@@ -40,7 +40,9 @@ class Snapshot:
 
     Attributes:
         values: every sample's value summed over label sets, by sample name
-            (``<histogram>_sum``, ``<histogram>_count``, gauges, counters).
+            (``<histogram>_sum``, ``<histogram>_count``, gauges, counters); a
+            histogram's sum and count also per label set, by ``series(...)_sum``
+            and ``series(...)_count``.
         labels: the label set of each ``*_info`` gauge, by metric name.
         buckets: each histogram's cumulative bucket counts by upper bound (seconds or
             units of the histogram; ``inf`` last), by histogram name.
@@ -74,6 +76,10 @@ async def scrape(client: httpx.AsyncClient, url: str) -> Snapshot:
     for family in text_string_to_metric_families(reply.text):
         for sample in family.samples:
             values[sample.name] = values.get(sample.name, 0.0) + sample.value
+            for suffix in ("_sum", "_count"):
+                if sample.labels and sample.name.endswith(suffix):
+                    name = series(sample.name[:-len(suffix)], **sample.labels) + suffix
+                    values[name] = values.get(name, 0.0) + sample.value
             if sample.name.endswith("_info"):
                 labels[sample.name] = dict(sample.labels)
             if sample.name.endswith("_bucket"):
@@ -81,6 +87,12 @@ async def scrape(client: httpx.AsyncClient, url: str) -> Snapshot:
                 counts = buckets.setdefault(sample.name[:-len("_bucket")], {})
                 counts[le] = counts.get(le, 0.0) + sample.value
     return Snapshot(url, values, labels, buckets)
+
+
+def series(histogram: str, **labels: str) -> str:
+    """The name under which a ``Snapshot`` holds one label set of ``histogram``
+    (``delta(before, after, series(...))``)."""
+    return histogram + "{" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())) + "}"
 
 
 def count_above(before: Snapshot, after: Snapshot, histogram: str, bound: float) -> float:

@@ -28,7 +28,7 @@ from ampd.core.session import Round, Session
 from ampd.experiment import RunOutput, sessions_for, simulate
 from ampd.perf.perf_file import load_perf_model
 from ampd.perf.resolve import resolve_gpu, resolve_model
-from ampd.profile.engine_side import engine_side, snapshot_engines
+from ampd.profile.engine_side import coordinator_phases, engine_side, snapshot_engines
 from ampd.profile.profile_file import profile_document, write
 from ampd.profile.run import ProfileGrid, fit, measure
 from ampd.profile.sim_vs_real import compare
@@ -59,7 +59,9 @@ class Validation:
         spread: ``compare`` of the second real repeat against the first (None with
             one repeat).
         engine_side: ``ampd.profile.engine_side.engine_side`` per repeat: the
-            engines' own counters against the simulator and the client.
+            engines' own counters against the simulator and the client, with
+            ``coordinator_phases`` (``engine_side.coordinator_phases``): the
+            coordinators' TTFT phases, where the rest of the gap lies.
         clipped_rounds: rounds left out of the trace because their context would
             exceed the engines' ``max_model_len``.
     """
@@ -192,13 +194,15 @@ def _replay(config: RunConfig, hardware: RunConfig, sessions: list[Session], sim
         if config.serve.engine == "vllm-nixl":
             _first_contact(config, workers, model, vocab_size)
         before = asyncio.run(snapshot_engines([w.url for w in workers]))
+        coordinators_before = asyncio.run(snapshot_engines(cluster.urls))
         run = asyncio.run(replay(cluster.urls[0], sessions, model=model, clock=ScaledClock(config.serve.time_scale),
                                  ttft_slo_s=sim.slo.ttft_s, itl_slo_s=sim.slo.itl_s, scope=config.slo.scope,
                                  vocab_size=vocab_size, seed=seed, timeout_s=timeout_s, progress=progress,
                                  plan=sim.plan))
         after = asyncio.run(snapshot_engines([w.url for w in workers]))
+        phases = coordinator_phases(coordinators_before, asyncio.run(snapshot_engines(cluster.urls)))
     prefill_tp = next((w.tp for w in workers if w.role == "prefill"), 1)
     side = engine_side([w.role for w in workers], before, after, run.sessions, sim.result.sessions,
                        load_perf_model(config.cluster.perf_model), prefill_tp, history_read_min_tokens(config))
-    return run, side
+    return run, {**side, "coordinator_phases": phases}
 

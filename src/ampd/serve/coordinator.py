@@ -262,6 +262,7 @@ class Coordinator:
         live = self._live(request, state, trace, now_s)
         decision = self._route(live.task, view)
         self.ctx.metrics.decision.observe(time.perf_counter() - started)
+        trace.routed_s = self.ctx.clock.now_s()
         self.ctx.decide("route", decision)
         if not decision.local:
             await self.remote.run(live, view, decision.worker_id)

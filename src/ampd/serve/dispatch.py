@@ -104,23 +104,30 @@ class PrefillDispatcher:
         head = state.queue[decision.order[0]] if decision.order else state.queue[0]
         taken = await self.store.take(worker_id, head, now_s)
         if taken is not None:
-            call = asyncio.create_task(self._call(worker_id, *taken))
+            call = asyncio.create_task(self._call(worker_id, *taken, now_s - head.queued.enqueue_s))
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)
         return True
 
-    async def _call(self, worker_id: int, entry: QueueEntry, payload: str) -> None:
-        """Run one remote prefill and publish its outcome to the request's owner."""
+    async def _call(self, worker_id: int, entry: QueueEntry, payload: str, queued_s: float) -> None:
+        """Run one remote prefill and publish its outcome, with how long it was
+        queued and its engine calls took (``phases_s``, model seconds;
+        ``round_phases``), to the request's owner."""
         task = entry.queued.task
-        message = {"key": entry.key, "worker_id": worker_id}
+        phases = {"queue": queued_s, "export": 0.0, "prefill": 0.0}
+        message = {"key": entry.key, "worker_id": worker_id, "phases_s": phases}
         body = json.loads(payload)
         export = body.pop(EXPORT_KEY, None)
         timeout_s = self.timeout_s * self.clock.time_scale
         try:
+            sent_s = self.clock.now_s()
             if export is not None:  # the lazy history read: at dispatch, not at routing
                 message["export"] = await export_history(self.engines, body, ExportRequest.from_dict(export),
                                                          task.session_id, timeout_s * EXPORT_SHARE_OF_DEADLINE)
+                exported_s = self.clock.now_s()
+                phases["export"], sent_s = exported_s - sent_s, exported_s
             reply = await self.engines.complete(self.workers[worker_id].url, body, task.session_id, timeout_s)
+            phases["prefill"] = self.clock.now_s() - sent_s
             message.update(ok=True, kv_transfer_params=reply.get("kv_transfer_params"),
                            cached_tokens=cached_tokens(reply))
         except EngineError as err:  # the message, not the engine's URL: it may reach the client

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from ampd.serve.context import ReplicaContext
+from ampd.serve.round_phases import phases_s
 from ampd.serve.rounds import RoundTrace
 
 ITL_FLUSH_S = 0.1  # [our choice] wall seconds: windows are 1 s buckets, so 0.1 s late is within one
@@ -31,6 +32,9 @@ class LatencyWindows:
             self._itl.setdefault(trace.decode_worker, [0.0, 0])[1] += count - 1
         ttft_s = now_s - trace.ready_s
         self.ctx.metrics.ttft.observe(ttft_s)
+        route, phases = phases_s(trace, now_s)
+        for phase, seconds in phases.items():
+            self.ctx.metrics.round_phase.labels(route, phase).observe(seconds)
         if not trace.local:
             await self.ctx.store_call(self.ctx.store.add_samples(trace.prefill_worker, "ttft", now_s, ttft_s, 1))
 

@@ -25,6 +25,9 @@ class ServeMetrics:
                               buckets=_LATENCY_BUCKETS_S)
         self.itl = Histogram("ampd_itl_seconds", "Inter-token latency, model seconds", registry=r,
                              buckets=_LATENCY_BUCKETS_S)
+        self.round_phase = Histogram("ampd_round_phase_seconds", "A round's TTFT by phase, model seconds "
+                                     "(ampd.serve.round_phases): route local, remote or fallback",
+                                     ["route", "phase"], registry=r, buckets=_LATENCY_BUCKETS_S)
         self.decision = Histogram("ampd_route_decision_seconds", "Wall time to read the shared state and route "
                                   "one prefill", registry=r, buckets=_DECISION_BUCKETS_S)
         self.kv_reserved = Gauge("ampd_kv_reserved_tokens", "KV tokens reserved on a decode engine: the sum over "

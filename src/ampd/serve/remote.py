@@ -90,6 +90,7 @@ class RemotePrefill:
             return
         finally:
             self._pending.pop(entry.key, None)
+        live.trace.kv_ready_s, live.trace.remote_phases_s = ctx.clock.now_s(), message.get("phases_s") or {}
         if message["ok"]:
             live.kv_params = message.get("kv_transfer_params") or {}
             if exports:

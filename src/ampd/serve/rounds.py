@@ -67,6 +67,10 @@ class RoundTrace:
         fallback: why a remote prefill was replaced by a local recompute, or None.
         rebinds: times its session moved to another decode worker during it.
         hist_tokens: prompt tokens its decode worker held when it was routed.
+        routed_s: when its prefill was routed (binding, state read and decision done).
+        kv_ready_s: remote: when the prefill's outcome reached this replica.
+        remote_phases_s: remote: the dispatcher's timings of its prefill
+            (``round_phases.DISPATCH_PHASES``), model seconds.
     """
 
     session_id: str
@@ -82,6 +86,9 @@ class RoundTrace:
     last_token_s: float | None = None
     num_tokens: int = 0
     degraded: bool = False
+    routed_s: float | None = None
+    kv_ready_s: float | None = None
+    remote_phases_s: dict[str, float] = field(default_factory=dict)
 
 
 def engine_body(request: RoundRequest, model: str, prompt: tuple[int, ...], max_tokens: int, stream: bool) -> dict:
