@@ -24,7 +24,7 @@ from common import write_result  # noqa: E402
 from ampd.config import RunConfig, override  # noqa: E402
 from ampd.experiment import measure_for, sessions_for, simulate  # noqa: E402
 from ampd.runner import PointRunner  # noqa: E402
-from ampd.sweep import search_capacities  # noqa: E402
+from ampd.capacity_search import search_capacities  # noqa: E402
 
 SYSTEM = "ampd-predictive"
 DEPLOYMENTS = {32: "P:<TP=4,DP=5> D:<TP=4,DP=3>", 256: "P:<TP=4,DP=40> D:<TP=4,DP=24>"}

@@ -30,7 +30,8 @@ from common import write_result  # noqa: E402
 
 from ampd.config import RunConfig, override  # noqa: E402
 from ampd.runner import PointRunner  # noqa: E402
-from ampd.sweep import capacity_row, resolve_measure, resolve_slo, search_capacities  # noqa: E402
+from ampd.capacity_search import search_capacities  # noqa: E402
+from ampd.sweep import capacity_row, resolve_measure, resolve_slo  # noqa: E402
 
 SYSTEMS = ("ampd-predictive", "dynamo-busy", "pd-disagg")
 CELLS = {

@@ -2,9 +2,12 @@
 put in the order their steady-state runs rank them, here with a stub runner whose rows
 are written by hand (the simulator itself is tested elsewhere)."""
 
+import pytest
+
 from ampd.config import RunConfig, override
 from ampd.core.deployment import Role
-from ampd.plan_simulation import refine
+from ampd.core.errors import InputError
+from ampd.plan_simulation import refine, simulate_capacities
 from ampd.planner import Plan, TauCell
 from ampd.planning import plan_for
 
@@ -46,3 +49,39 @@ def test_plan_for_with_refine_takes_the_simulated_best_of_the_planners_top_k():
     runner = StubRunner({top[0]: ("unstable", 0.99), top[1]: ("stable", 0.90), top[2]: ("stable", 0.97)})
     refined = plan_for(override(config, planner={"refine_top_k": 3}), 1, runner=runner)
     assert [str(p.deployment) for p in refined] == [top[2]] and runner.asked == top
+
+
+class RateRunner:
+    """Answers each configuration as if its deployment carried the SLO (stable,
+    95 %) up to a capacity written by hand and collapsed (unstable, 50 %) above it."""
+
+    def __init__(self, capacities: dict[str, float]) -> None:
+        self.capacities, self.asked = capacities, []
+
+    def __call__(self, configs: list[RunConfig]) -> list[dict]:
+        rows = []
+        for c in configs:
+            self.asked.append(c.cluster.deployment)
+            meets = c.workload.rate_per_s <= self.capacities[c.cluster.deployment]
+            rows.append({"rate_per_s": c.workload.rate_per_s, "verdict": "stable" if meets else "unstable",
+                         "slo_attainment": 0.95 if meets else 0.5, "reason": ""})
+        return rows
+
+
+def test_refine_by_capacity_ranks_the_top_k_by_the_load_each_carries():
+    a, b, c, d = _plan(1, 1), _plan(1, 2), _plan(2, 1), _plan(2, 2)
+    true = {str(a.deployment): 1.5, str(b.deployment): 3.0, str(c.deployment): 0.8}
+    config = override(RunConfig(), workload={"rate_per_s": 1.0})
+    runner = RateRunner(true)
+    # b carries the most, then a, then c; d, 4th, is not searched
+    assert refine(config, [a, b, c, d], 3, runner, by="capacity") == [b, a, c, d]
+    assert set(runner.asked) == set(true)
+    # each capacity is a rate measured to meet the SLO within 5 % of where it stops (the search's precision)
+    found = simulate_capacities(config, [a, b, c], RateRunner(true))
+    assert all(t / 1.05 <= f <= t for f, t in zip(found, true.values()))
+
+
+def test_refine_by_capacity_refuses_a_transient_run():
+    config = override(RunConfig(), workload={"num_sessions": 40})
+    with pytest.raises(InputError, match="steady-state"):
+        refine(config, [_plan(1, 1)], 1, RateRunner({}), by="capacity")

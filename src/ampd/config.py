@@ -255,6 +255,9 @@ class PlannerConfig(_Strict):
 
     refine_top_k: int = Field(0, ge=0, description="simulate the planner's k best plans in steady state and "
                                                    "take them in simulated order (0: off)")
+    refine_by: Literal["attainment", "capacity"] = Field(
+        "attainment", description="what the refined top-k are ranked by: SLO attainment at the run's rate, or "
+                                  "each plan's capacity (a search over rates: about 6 runs a plan)")
 
 
 class EngineWorker(_Strict):

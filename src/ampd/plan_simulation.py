@@ -1,12 +1,15 @@
 """Plans judged by the simulator: every plan of a pool run in steady state and ranked
 (``ampd plan --simulate``, the agreement benchmark), and the planner's optional
-simulation-refined top-k (``[planner] refine_top_k``; docs/PLANNER.md, "Refined top-k")."""
+simulation-refined top-k (``[planner] refine_top_k``, ranked by ``refine_by``; docs/PLANNER.md,
+"Refined top-k")."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ampd.capacity_search import search_capacities
 from ampd.config import RunConfig, override
+from ampd.core.errors import InputError
 from ampd.measure import STABLE
 from ampd.planner import Plan
 from ampd.runner import PointRunner
@@ -32,11 +35,45 @@ def simulate_plans(config: RunConfig, pool: Sequence[Plan], runner: PointRunner)
             for i, (p, run) in enumerate(zip(pool, runs))]
 
 
-def refine(config: RunConfig, plans: Sequence[Plan], top_k: int, runner: PointRunner) -> list[Plan]:
-    """``plans`` (the planner's order) with its first ``top_k`` in simulated order
-    (``simulate_plans``: stable runs by attainment, ties by mean TTFT; runs that are
-    not stable after them, in the planner's order), the rest after them unchanged."""
+def simulate_capacities(config: RunConfig, pool: Sequence[Plan], runner: PointRunner) -> list[float]:
+    """Each plan's capacity (sessions/s at the SLO attainment target in steady
+    state, ``ampd.measure.capacity``), searched from ``config``'s rate with the
+    same sessions, system, thresholds and measurement, in pool order.
+
+    Raises:
+        InputError: ``config`` is a run of ``workload.num_sessions`` (a transient:
+            no capacity).
+    """
+    if config.workload.num_sessions is not None:
+        raise InputError("planner.refine_by = \"capacity\" needs steady-state runs: leave workload.num_sessions "
+                         "unset")
+    bases = [override(config, cluster={"deployment": str(p.deployment)}) for p in pool]
+    return [s.capacity_per_s for s in search_capacities(bases, [[] for _ in pool], runner)]
+
+
+def refine(config: RunConfig, plans: Sequence[Plan], top_k: int, runner: PointRunner,
+           by: str = "attainment") -> list[Plan]:
+    """``plans`` (the planner's order) with its first ``top_k`` in simulated order,
+    the rest after them unchanged. ``by``:
+
+    - ``attainment``: ``simulate_plans`` at ``config``'s rate (stable runs by
+      attainment, ties by mean TTFT; runs that are not stable after them, in the
+      planner's order);
+    - ``capacity``: ``simulate_capacities``, highest first, ties in the planner's
+      order. [our choice] For a deployment chosen for the load it can take: at a
+      rate that every candidate carries, attainments near 100 % rank candidates by
+      noise, while the capacity is the figure the deployment is judged by.
+
+    Raises:
+        InputError: as ``simulate_capacities``; an unknown ``by``.
+    """
     head = list(plans[:top_k])
-    rows = simulate_plans(config, head, runner)
-    order = sorted(range(len(head)), key=lambda i: (rows[i]["simulated_rank"], i))
+    if by == "capacity":
+        capacities = simulate_capacities(config, head, runner)
+        order = sorted(range(len(head)), key=lambda i: (-capacities[i], i))
+    elif by == "attainment":
+        rows = simulate_plans(config, head, runner)
+        order = sorted(range(len(head)), key=lambda i: (rows[i]["simulated_rank"], i))
+    else:
+        raise InputError(f"planner.refine_by: {by!r} is not attainment or capacity")
     return [head[i] for i in order] + list(plans[top_k:])

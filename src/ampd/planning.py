@@ -54,7 +54,8 @@ def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None
 
     With ``planner.refine_top_k = k > 0``, the planner's best ``max(k, top_k)`` plans are
     found and the first k simulated in steady state (``plan_simulation.refine``, with
-    ``runner``, default one on every core) and put in simulated order; the first
+    ``runner``, default one on every core) and put in simulated order
+    (``planner.refine_by``: attainment at the run's rate, or capacity); the first
     ``top_k`` come back.
 
     Raises:
@@ -69,7 +70,7 @@ def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None
                              config.slo.scope.value, window_s, batching_for(config, perf),
                              config.policy.alpha if co_designed else None)
     if refine_k:
-        plans = refine(config, plans, refine_k, runner or PointRunner(progress=False))
+        plans = refine(config, plans, refine_k, runner or PointRunner(progress=False), config.planner.refine_by)
     return plans[:top_k]
 
 

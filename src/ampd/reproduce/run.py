@@ -23,7 +23,8 @@ from ampd.reproduce.deployments import colocated_candidates, disaggregated_candi
 from ampd.reproduce.search import coarse, pick_best, same_pair
 from ampd.runner import PointRunner
 from ampd.slo_rule import reference_tp
-from ampd.sweep import capacity_row, resolve_slo, search_capacities
+from ampd.capacity_search import search_capacities
+from ampd.sweep import capacity_row, resolve_slo
 
 @dataclass(frozen=True)
 class Prepared:

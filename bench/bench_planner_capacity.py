@@ -1,0 +1,93 @@
+"""The planner's deployment for ``ampd-slo`` ranked by capacity: on the reproduce
+grid's 8- and 16-GPU cells (3 models x ToolBench, HotpotQA, DuReader on H20), the
+capacity of the planner's own pick (the ILP's first plan, what ``ampd reproduce``
+runs as ``ampd-slo [planner]``) against the pick of ``[planner] refine_top_k = 5,
+refine_by = "capacity"`` (the capacity-highest of the ILP's top 5), beside every
+baseline's capacity on its best searched deployment, and ``ampd-slo``'s on the best
+baseline's deployment, all from one run of the same
+code (``ampd.reproduce.run``: thresholds, reference rate, deployment search and
+capacity search as the grid runs them; the point cache of ``ampd reproduce`` answers
+what it already ran).
+
+GAIA's 32-GPU cells are left out: each of their runs costs tens of the small cells'
+(the planner's own pick already has the highest capacity in all three,
+bench/results/reproduce_summary.json).
+
+Run: ``python bench/bench_planner_capacity.py [--jobs N]`` -> ``bench/results/planner_capacity.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import write_result  # noqa: E402
+
+from ampd.config import override  # noqa: E402
+from ampd.plan_simulation import simulate_capacities  # noqa: E402
+from ampd.planning import plan_for  # noqa: E402
+from ampd.reproduce import grid  # noqa: E402
+from ampd.reproduce.run import grid_entries, prepare, run_capacities, search_best  # noqa: E402
+from ampd.runner import PointRunner  # noqa: E402
+
+SYSTEM = "ampd-slo"
+TOP_K = 5
+CACHE = Path(__file__).resolve().parent.parent / "out" / "reproduce" / "points"  # ampd reproduce's cache
+
+
+class _Planned:
+    """A deployment in the shape ``simulate_capacities`` reads of a plan."""
+
+    def __init__(self, deployment) -> None:
+        self.deployment = deployment
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=None, help="parallel simulations (default: every core)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    run = PointRunner(args.jobs, True, CACHE)
+    cells = prepare([c for c in grid.cells(quick=False) if c.num_gpus <= 16], run)
+    best = search_best(cells, run, quick=False)
+    baselines = {label: d for label, d in best.items()
+                 if label[1] in grid.DISAGGREGATED + grid.COLOCATED and not label[1].startswith("ampd")}
+    baseline_rows = run_capacities(grid_entries(cells, {k: v for k, v in best.items() if k in baselines}), [], run)
+    rows = []
+    for p in cells:
+        config = override(p.config, system=SYSTEM, cluster={"deployment": "auto"})
+        plans = plan_for(config, top_k=TOP_K)
+        capacities = simulate_capacities(config, plans, run)
+        refined = min(range(len(plans)), key=lambda i: (-capacities[i], i))
+        others = {r["system"]: r["capacity_per_s"] for r in baseline_rows if r["cell"] == p.cell.label}
+        best_baseline = max(others, key=others.get)
+        [on_theirs] = simulate_capacities(config, [_Planned(best[(p.cell.label, best_baseline)][0])], run)
+        rows.append({
+            "cell": p.cell.label, "reference_per_s": p.reference_per_s,
+            "top_plans": [{"deployment": str(plan.deployment), "objective": plan.objective, "capacity_per_s": cap}
+                          for plan, cap in zip(plans, capacities)],
+            "planner_deployment": str(plans[0].deployment), "planner_capacity_per_s": capacities[0],
+            "refined_deployment": str(plans[refined].deployment), "refined_capacity_per_s": capacities[refined],
+            "refined_rank": refined + 1,
+            "baselines": {s: {"deployment": str(best[(p.cell.label, s)][0]), "capacity_per_s": c}
+                          for s, c in others.items()},
+            "best_baseline": best_baseline, "best_baseline_capacity_per_s": others[best_baseline],
+            "system_on_best_baseline_deployment_per_s": on_theirs,
+            "planner_highest": capacities[0] > others[best_baseline],
+            "refined_highest": capacities[refined] > others[best_baseline]})
+        print(f"{p.cell.label}: planner {plans[0].deployment} {capacities[0]:.3f}/s, refined "
+              f"{plans[refined].deployment} {capacities[refined]:.3f}/s, best baseline {best_baseline} "
+              f"{others[best_baseline]:.3f}/s", flush=True)
+    write_result("planner_capacity", {
+        "system": SYSTEM, "top_k": TOP_K, "cells": rows,
+        "planner_highest_cells": sum(r["planner_highest"] for r in rows),
+        "refined_highest_cells": sum(r["refined_highest"] for r in rows), "num_cells": len(rows),
+        "wall_s": time.perf_counter() - started})
+
+
+if __name__ == "__main__":
+    main()
