@@ -1,17 +1,16 @@
 """The planner's deployment for ``ampd-slo`` ranked by capacity: on the reproduce
 grid's 8- and 16-GPU cells (3 models x ToolBench, HotpotQA, DuReader on H20), the
-capacity of the planner's own pick (the ILP's first plan, what ``ampd reproduce``
-runs as ``ampd-slo [planner]``) against the pick of ``[planner] refine_top_k = 5,
-refine_by = "capacity"`` (the capacity-highest of the ILP's top 5), beside every
-baseline's capacity on its best searched deployment, and ``ampd-slo``'s on the best
-baseline's deployment, all from one run of the same
+capacity of the planner's own pick at the cell's reference rate (the ILP's first plan,
+what ``ampd reproduce`` runs as ``ampd-slo [planner]``) against the pick of
+``[planner] refine_top_k = 5, refine_by = "capacity"`` (``ampd.planning.plan_for``: the
+ILP's top 5 drawn at the planner's knee, the highest rate its best plan keeps Z <= 1,
+ranked by capacity), beside every baseline's capacity on its best searched deployment,
+and ``ampd-slo``'s on the best baseline's deployment, all from one run of the same
 code (``ampd.reproduce.run``: thresholds, reference rate, deployment search and
 capacity search as the grid runs them; the point cache of ``ampd reproduce`` answers
-what it already ran).
+what it already ran). Every capacity is searched from the reference rate, to 5 %.
 
-GAIA's 32-GPU cells are left out: each of their runs costs tens of the small cells'
-(the planner's own pick already has the highest capacity in all three,
-bench/results/reproduce_summary.json).
+GAIA's 32-GPU cells are left out: each of their runs costs tens of the small cells'.
 
 Run: ``python bench/bench_planner_capacity.py [--jobs N]`` -> ``bench/results/planner_capacity.json``.
 """
@@ -29,7 +28,7 @@ from common import write_result  # noqa: E402
 
 from ampd.config import override  # noqa: E402
 from ampd.plan_simulation import simulate_capacities  # noqa: E402
-from ampd.planning import plan_for  # noqa: E402
+from ampd.planning import knee_rate_per_s, plan_for  # noqa: E402
 from ampd.reproduce import grid  # noqa: E402
 from ampd.reproduce.run import grid_entries, prepare, run_capacities, search_best  # noqa: E402
 from ampd.runner import PointRunner  # noqa: E402
@@ -37,13 +36,6 @@ from ampd.runner import PointRunner  # noqa: E402
 SYSTEM = "ampd-slo"
 TOP_K = 5
 CACHE = Path(__file__).resolve().parent.parent / "out" / "reproduce" / "points"  # ampd reproduce's cache
-
-
-class _Planned:
-    """A deployment in the shape ``simulate_capacities`` reads of a plan."""
-
-    def __init__(self, deployment) -> None:
-        self.deployment = deployment
 
 
 def main() -> None:
@@ -60,28 +52,31 @@ def main() -> None:
     rows = []
     for p in cells:
         config = override(p.config, system=SYSTEM, cluster={"deployment": "auto"})
-        plans = plan_for(config, top_k=TOP_K)
-        capacities = simulate_capacities(config, plans, run)
-        refined = min(range(len(plans)), key=lambda i: (-capacities[i], i))
+        planned = plan_for(config, top_k=1)[0]
+        knee_per_s = knee_rate_per_s(config)
+        drawn = plan_for(override(config, workload={"rate_per_s": knee_per_s}), top_k=TOP_K)
+        refined = plan_for(override(config, planner={"refine_top_k": TOP_K, "refine_by": "capacity"}), 1,
+                           runner=run)[0]
         others = {r["system"]: r["capacity_per_s"] for r in baseline_rows if r["cell"] == p.cell.label}
         best_baseline = max(others, key=others.get)
-        [on_theirs] = simulate_capacities(config, [_Planned(best[(p.cell.label, best_baseline)][0])], run)
+        theirs = best[(p.cell.label, best_baseline)][0]
+        [planned_cap, *drawn_caps, on_theirs] = simulate_capacities(
+            config, [planned.deployment, *(d.deployment for d in drawn), theirs], run)
+        refined_cap = drawn_caps[[str(d.deployment) for d in drawn].index(str(refined.deployment))]
         rows.append({
-            "cell": p.cell.label, "reference_per_s": p.reference_per_s,
-            "top_plans": [{"deployment": str(plan.deployment), "objective": plan.objective, "capacity_per_s": cap}
-                          for plan, cap in zip(plans, capacities)],
-            "planner_deployment": str(plans[0].deployment), "planner_capacity_per_s": capacities[0],
-            "refined_deployment": str(plans[refined].deployment), "refined_capacity_per_s": capacities[refined],
-            "refined_rank": refined + 1,
+            "cell": p.cell.label, "reference_per_s": p.reference_per_s, "knee_rate_per_s": knee_per_s,
+            "planner_deployment": str(planned.deployment), "planner_capacity_per_s": planned_cap,
+            "knee_plans": [{"deployment": str(d.deployment), "objective": d.objective, "capacity_per_s": c}
+                           for d, c in zip(drawn, drawn_caps)],
+            "refined_deployment": str(refined.deployment), "refined_capacity_per_s": refined_cap,
             "baselines": {s: {"deployment": str(best[(p.cell.label, s)][0]), "capacity_per_s": c}
                           for s, c in others.items()},
             "best_baseline": best_baseline, "best_baseline_capacity_per_s": others[best_baseline],
             "system_on_best_baseline_deployment_per_s": on_theirs,
-            "planner_highest": capacities[0] > others[best_baseline],
-            "refined_highest": capacities[refined] > others[best_baseline]})
-        print(f"{p.cell.label}: planner {plans[0].deployment} {capacities[0]:.3f}/s, refined "
-              f"{plans[refined].deployment} {capacities[refined]:.3f}/s, best baseline {best_baseline} "
-              f"{others[best_baseline]:.3f}/s", flush=True)
+            "planner_highest": planned_cap > others[best_baseline],
+            "refined_highest": refined_cap > others[best_baseline]})
+        print(f"{p.cell.label}: planner {planned.deployment} {planned_cap:.3f}/s, refined {refined.deployment} "
+              f"{refined_cap:.3f}/s, best baseline {best_baseline} {others[best_baseline]:.3f}/s", flush=True)
     write_result("planner_capacity", {
         "system": SYSTEM, "top_k": TOP_K, "cells": rows,
         "planner_highest_cells": sum(r["planner_highest"] for r in rows),

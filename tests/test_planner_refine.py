@@ -9,7 +9,7 @@ from ampd.core.deployment import Role
 from ampd.core.errors import InputError
 from ampd.plan_simulation import refine, simulate_capacities
 from ampd.planner import Plan, TauCell
-from ampd.planning import plan_for
+from ampd.planning import knee_rate_per_s, plan_for
 
 
 class StubRunner:
@@ -77,7 +77,7 @@ def test_refine_by_capacity_ranks_the_top_k_by_the_load_each_carries():
     assert refine(config, [a, b, c, d], 3, runner, by="capacity") == [b, a, c, d]
     assert set(runner.asked) == set(true)
     # each capacity is a rate measured to meet the SLO within 5 % of where it stops (the search's precision)
-    found = simulate_capacities(config, [a, b, c], RateRunner(true))
+    found = simulate_capacities(config, [a.deployment, b.deployment, c.deployment], RateRunner(true))
     assert all(t / 1.05 <= f <= t for f, t in zip(found, true.values()))
 
 
@@ -85,3 +85,26 @@ def test_refine_by_capacity_refuses_a_transient_run():
     config = override(RunConfig(), workload={"num_sessions": 40})
     with pytest.raises(InputError, match="steady-state"):
         refine(config, [_plan(1, 1)], 1, RateRunner({}), by="capacity")
+
+
+def test_plan_for_by_capacity_draws_its_plans_at_the_planners_knee_and_takes_the_highest():
+    config = override(RunConfig(), system="pd-disagg", workload={"name": "toolbench", "rate_per_s": 1.0})
+    knee = knee_rate_per_s(config)
+    # The knee, checked against the planner itself: its best plan keeps Z <= 1 there and
+    # none does one search step (5 %) above.
+    assert plan_for(override(config, workload={"rate_per_s": knee}), 1)[0].objective <= 1.0
+    try:
+        above = plan_for(override(config, workload={"rate_per_s": knee * 1.05}), 1)[0].objective
+    except InputError:
+        above = float("inf")
+    assert above > 1.0
+    drawn = [str(p.deployment) for p in plan_for(override(config, workload={"rate_per_s": knee}), 3)]
+    # capacities by hand: the knee's 3rd plan carries the most
+    runner = RateRunner({drawn[0]: 1.2, drawn[1]: 0.9, drawn[2]: 1.6})
+    refined = plan_for(override(config, planner={"refine_top_k": 3, "refine_by": "capacity"}), 1, runner=runner)
+    assert [str(p.deployment) for p in refined] == [drawn[2]] and set(runner.asked) == set(drawn)
+
+
+def test_refine_refuses_an_unknown_ranking():
+    with pytest.raises(InputError, match="refine_by"):
+        refine(RunConfig(), [_plan(1, 1)], 1, RateRunner({}), by="latency")

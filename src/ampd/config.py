@@ -257,7 +257,8 @@ class PlannerConfig(_Strict):
                                                    "take them in simulated order (0: off)")
     refine_by: Literal["attainment", "capacity"] = Field(
         "attainment", description="what the refined top-k are ranked by: SLO attainment at the run's rate, or "
-                                  "each plan's capacity (a search over rates: about 6 runs a plan)")
+                                  "capacity (plans drawn at the planner's knee, each one's capacity searched over "
+                                  "rates: a run per rate tried)")
 
 
 class EngineWorker(_Strict):

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 
 from ampd.capacity_search import search_capacities
 from ampd.config import RunConfig, override
+from ampd.core.deployment import Deployment
 from ampd.core.errors import InputError
+from ampd.experiment import rate_for
 from ampd.measure import STABLE
 from ampd.planner import Plan
 from ampd.runner import PointRunner
@@ -35,20 +37,24 @@ def simulate_plans(config: RunConfig, pool: Sequence[Plan], runner: PointRunner)
             for i, (p, run) in enumerate(zip(pool, runs))]
 
 
-def simulate_capacities(config: RunConfig, pool: Sequence[Plan], runner: PointRunner) -> list[float]:
-    """Each plan's capacity (sessions/s at the SLO attainment target in steady
-    state, ``ampd.measure.capacity``), searched from ``config``'s rate with the
-    same sessions, system, thresholds and measurement, in pool order.
+def simulate_capacities(config: RunConfig, deployments: Sequence[Deployment], runner: PointRunner) -> list[float]:
+    """Each deployment's capacity (sessions/s at the SLO attainment target in steady
+    state, ``ampd.measure.capacity``), searched from ``config``'s rate
+    (``rate_for``: a trace's own when none is set) with the same sessions, system,
+    thresholds and measurement, in order; 0 for one that meets the SLO at
+    no rate the search tries (down to 2^-10 of the start).
 
     Raises:
         InputError: ``config`` is a run of ``workload.num_sessions`` (a transient:
-            no capacity).
+            no capacity); as ``rate_for``; a run of the search that is a transient
+            (a measurement window set too short for a verdict).
     """
     if config.workload.num_sessions is not None:
         raise InputError("planner.refine_by = \"capacity\" needs steady-state runs: leave workload.num_sessions "
                          "unset")
-    bases = [override(config, cluster={"deployment": str(p.deployment)}) for p in pool]
-    return [s.capacity_per_s for s in search_capacities(bases, [[] for _ in pool], runner)]
+    bases = [override(config, cluster={"deployment": str(d)}) for d in deployments]
+    starts = [rate_for(config)] * len(bases)
+    return [s.capacity_per_s for s in search_capacities(bases, [[] for _ in bases], runner, starts)]
 
 
 def refine(config: RunConfig, plans: Sequence[Plan], top_k: int, runner: PointRunner,
@@ -69,7 +75,7 @@ def refine(config: RunConfig, plans: Sequence[Plan], top_k: int, runner: PointRu
     """
     head = list(plans[:top_k])
     if by == "capacity":
-        capacities = simulate_capacities(config, head, runner)
+        capacities = simulate_capacities(config, [p.deployment for p in head], runner)
         order = sorted(range(len(head)), key=lambda i: (-capacities[i], i))
     elif by == "attainment":
         rows = simulate_plans(config, head, runner)

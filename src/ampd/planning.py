@@ -4,10 +4,14 @@ experiments use the planner's choice for AMPD unless a deployment is given")."""
 
 from __future__ import annotations
 
+import math
+
 from ampd.config import RunConfig, override
 from ampd.core.deployment import Deployment, ReplicaGroup, Role
+from ampd.core.errors import InputError
 from ampd.core.session import Session
-from ampd.experiment import batching_for, measure_for, perf_model_for, sessions_for, slo_for
+from ampd.experiment import batching_for, measure_for, perf_model_for, rate_for, sessions_for, slo_for
+from ampd.measure import STABLE, UNSTABLE, CapacitySearch, find_capacities
 from ampd.perf.interface import PerfModel
 from ampd.plan_simulation import refine
 from ampd.planner import AMPD_LOCAL_SHARE, Plan, plan_deployments
@@ -55,23 +59,63 @@ def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None
     With ``planner.refine_top_k = k > 0``, the planner's best ``max(k, top_k)`` plans are
     found and the first k simulated in steady state (``plan_simulation.refine``, with
     ``runner``, default one on every core) and put in simulated order
-    (``planner.refine_by``: attainment at the run's rate, or capacity); the first
+    (``planner.refine_by``): by attainment at the run's rate, or by capacity, the
+    plans then drawn at the planner's knee (``knee_rate_per_s``); the first
     ``top_k`` come back.
 
     Raises:
         InputError: as ``ampd.planner.plan_deployments``, or an unknown model, GPU or system.
     """
+    refine_k, by = config.planner.refine_top_k, config.planner.refine_by
+    source = config
+    if refine_k and by == "capacity":
+        knee_per_s = knee_rate_per_s(config, local_share, solver)
+        if knee_per_s > 0:  # else no rate has a plan: the run's own rate says why
+            source = override(config, workload={"rate_per_s": knee_per_s})
+    plans = _plans(source, max(top_k, refine_k), local_share, solver)
+    if refine_k:
+        plans = refine(config, plans, refine_k, runner or PointRunner(progress=False), by)
+    return plans[:top_k]
+
+
+def knee_rate_per_s(config: RunConfig, local_share: float | None = None, solver: str = "scip") -> float:
+    """The planner's knee: the highest arrival rate, sessions/s, at which its best
+    plan keeps both P95s within their thresholds (``Plan.objective`` Z <= 1), to
+    ``ampd.measure.capacity.RELATIVE_PRECISION``: a capacity search on the
+    planner's own model, from the run's rate (``rate_for``); 0 when no rate it
+    tries has such a plan.
+
+    [our choice] Where the capacity-ranked refinement draws its candidates: at a
+    rate every plan carries with slack, Z orders plans by their latency there, not
+    by the load they can take (docs/PLANNER.md, "Capacity-ranked refinement").
+
+    Raises:
+        InputError: as ``rate_for``.
+    """
+    def evaluate(batch: list[tuple[int, float]]) -> list[dict]:
+        rows = []
+        for _, rate_per_s in batch:
+            try:
+                z = _plans(override(config, workload={"rate_per_s": rate_per_s}), 1, local_share, solver)[0].objective
+            except InputError:  # no feasible plan at this load
+                z = math.inf
+            rows.append({"verdict": STABLE if z <= 1 else UNSTABLE, "slo_attainment": 1.0 if z <= 1 else 0.0})
+        return rows
+
+    search = CapacitySearch(rate_for(config))
+    find_capacities([search], evaluate)
+    return search.capacity_per_s
+
+
+def _plans(config: RunConfig, top_k: int, local_share: float | None, solver: str) -> list[Plan]:
+    """The ILP's top-k for ``config`` (``plan_for`` without refinement)."""
     co_designed = local_share is None and get_system(config.system).adaptive
     share = default_local_share(config.system) if local_share is None else local_share
     c = config.cluster
     sessions, perf, slo, window_s = planner_inputs(config)
-    refine_k = config.planner.refine_top_k
-    plans = plan_deployments(sessions, perf, slo, c.num_gpus, c.gpus_per_server, max(top_k, refine_k), share, solver,
-                             config.slo.scope.value, window_s, batching_for(config, perf),
-                             config.policy.alpha if co_designed else None)
-    if refine_k:
-        plans = refine(config, plans, refine_k, runner or PointRunner(progress=False), config.planner.refine_by)
-    return plans[:top_k]
+    return plan_deployments(sessions, perf, slo, c.num_gpus, c.gpus_per_server, top_k, share, solver,
+                            config.slo.scope.value, window_s, batching_for(config, perf),
+                            config.policy.alpha if co_designed else None)
 
 
 def colocated_default(config: RunConfig) -> Deployment:

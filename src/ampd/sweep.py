@@ -71,7 +71,9 @@ def resolve_arrivals(config: RunConfig) -> RunConfig:
 def resolve(config: RunConfig) -> RunConfig:
     """``config`` ready to run and to save: arrivals, thresholds, measurement and
     deployment explicit."""
-    return resolve_deployment(resolve_measure(resolve_slo(resolve_arrivals(config))))
+    # The deployment before the measurement: a capacity-refined plan searches other rates,
+    # each with its own window (search_capacities).
+    return resolve_measure(resolve_deployment(resolve_slo(resolve_arrivals(config))))
 
 
 def _planned(config: RunConfig, rates_per_s: Sequence[float]) -> RunConfig:

@@ -12,11 +12,11 @@ from ampd.cli.options import add_run_options, config_from_args, output_dir, posi
 from ampd.cli.profile import QUICK_GRID
 from ampd.cli.tables import print_table
 from ampd.metrics.report import round_rows, write_csv, write_json
-from ampd.profile.engine_side import PHASES
 from ampd.profile.plots import plot_sim_vs_real
 from ampd.profile.run import ProfileGrid
 from ampd.profile.validate import validate
 from ampd.serve.mock_engine import DEFAULT_VOCAB_SIZE
+from ampd.serve.round_phases import PHASES
 from ampd.serve.replay import DEFAULT_TIMEOUT_S
 
 _ROWS = (("mean TTFT, relative error", "ttft_mean_rel_error", "{:.1%}"),

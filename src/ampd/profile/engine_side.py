@@ -50,12 +50,9 @@ from ampd.profile.scrape import (
     scrape,
     series,
 )
-from ampd.serve.round_phases import DISPATCH_PHASES
+from ampd.serve.round_phases import PHASES
 
 ROUND_PHASE = "ampd_round_phase_seconds"
-PHASES = {"remote": ("route", *DISPATCH_PHASES, "handoff", "first_token"), "local": ("route", "first_token"),
-          "fallback": ("route", "first_token")}
-"""Each route's phases, in the order a round passes them (``ampd.serve.round_phases``)."""
 
 
 async def snapshot_engines(urls: Sequence[str]) -> list[Snapshot]:
@@ -148,7 +145,7 @@ def _computed(hist_tokens: int, new_tokens: int, history_read_min_tokens: int | 
 
 
 def coordinator_phases(before: Sequence[Snapshot], after: Sequence[Snapshot]) -> dict[str, dict[str, float | int]]:
-    """Per route (``remote``, ``local``, ``fallback``) with rounds in the run: the
+    """Per route label (``ampd.serve.round_phases.PHASES``) with rounds in the run: the
     mean of each phase over the coordinators' rounds, seconds, and ``rounds``.
 
     Args:

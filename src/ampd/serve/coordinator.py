@@ -280,7 +280,10 @@ class Coordinator:
             state = self.sessions.move_degraded(request.session_id)
         else:
             state = opened.state
-        trace.ready_s, trace.degraded = now_s, True
+        # Whatever the store-backed attempt stamped (a remote prefill begun) is void now.
+        trace.ready_s, trace.degraded, trace.local = now_s, True, True
+        trace.routed_s = trace.kv_ready_s = None
+        trace.remote_phases_s = {}
         return self._live(request, state, trace, now_s)
 
     @staticmethod

@@ -103,8 +103,9 @@ class PrefillDispatcher:
             task_key(q.task.session_id, q.task.round_index): q.postponements for q, old in zip(reordered, queued) if q.postponements != old.postponements})
         head = state.queue[decision.order[0]] if decision.order else state.queue[0]
         taken = await self.store.take(worker_id, head, now_s)
-        if taken is not None:
-            call = asyncio.create_task(self._call(worker_id, *taken, now_s - head.queued.enqueue_s))
+        if taken is not None:  # queued until taken, by this clock (another host's skew: never below 0)
+            queued_s = max(0.0, self.clock.now_s() - head.queued.enqueue_s)
+            call = asyncio.create_task(self._call(worker_id, *taken, queued_s))
             self._calls.add(call)
             call.add_done_callback(self._calls.discard)
         return True

@@ -18,9 +18,15 @@ lies. For a remote round they add up to its TTFT exactly:
 - ``first_token``: the decode engine's streamed request until its first token
   (its API path, queue, the new KV's read, the first step).
 
-A local round (or a remote one that fell back to a local recompute) has
-``route`` and ``first_token`` only, and is labelled so (``local``, ``fallback``).
+A local round (or a remote one that fell back to a local recompute, or one
+whose session moved to another decode engine mid-round) has ``route`` and
+``first_token`` only, and is labelled so (``local``, ``fallback``, ``rebind``).
 All in model seconds (wall seconds at time scale 1), as the TTFT histogram.
+
+The dispatcher times ``queue`` from the task's enqueue, stamped by the replica
+that queued it: across hosts whose clocks differ, the skew moves between
+``queue`` (never below 0) and ``handoff``. A remote round dispatched by a
+replica that reports no phases counts its queue and prefill in ``handoff``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ from ampd.serve.rounds import RoundTrace
 DISPATCH_PHASES = ("queue", "export", "prefill")
 """The phases the dispatcher times and sends back with a prefill's outcome."""
 
+PHASES = {"remote": ("route", *DISPATCH_PHASES, "handoff", "first_token"), "local": ("route", "first_token"),
+          "fallback": ("route", "first_token"), "rebind": ("route", "first_token")}
+"""Each route label's phases, in the order a round passes them."""
+
 
 def phases_s(trace: RoundTrace, first_token_s: float) -> tuple[str, dict[str, float]]:
     """(route label, {phase: seconds}) of a round whose first token came at
@@ -38,7 +48,9 @@ def phases_s(trace: RoundTrace, first_token_s: float) -> tuple[str, dict[str, fl
     the shared state) counts its whole TTFT as ``first_token``."""
     routed_s = trace.ready_s if trace.routed_s is None else trace.routed_s
     phases = {"route": routed_s - trace.ready_s}
-    if trace.fallback is not None:
+    if trace.rebinds:
+        label = "rebind"
+    elif trace.fallback is not None:
         label = "fallback"
     elif trace.local or trace.kv_ready_s is None:
         label = "local"
