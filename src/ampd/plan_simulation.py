@@ -37,6 +37,14 @@ def simulate_plans(config: RunConfig, pool: Sequence[Plan], runner: PointRunner)
             for i, (p, run) in enumerate(zip(pool, runs))]
 
 
+def require_steady_state(config: RunConfig) -> None:
+    """Raises ``InputError`` when ``config`` is a run of ``workload.num_sessions``: a
+    transient has no capacity to rank plans by."""
+    if config.workload.num_sessions is not None:
+        raise InputError("planner.refine_by = \"capacity\" needs steady-state runs: leave workload.num_sessions "
+                         "(--num-sessions) unset")
+
+
 def simulate_capacities(config: RunConfig, deployments: Sequence[Deployment], runner: PointRunner) -> list[float]:
     """Each deployment's capacity (sessions/s at the SLO attainment target in steady
     state, ``ampd.measure.capacity``), searched from ``config``'s rate
@@ -49,9 +57,7 @@ def simulate_capacities(config: RunConfig, deployments: Sequence[Deployment], ru
             no capacity); as ``rate_for``; a run of the search that is a transient
             (a measurement window set too short for a verdict).
     """
-    if config.workload.num_sessions is not None:
-        raise InputError("planner.refine_by = \"capacity\" needs steady-state runs: leave workload.num_sessions "
-                         "unset")
+    require_steady_state(config)
     bases = [override(config, cluster={"deployment": str(d)}) for d in deployments]
     starts = [rate_for(config)] * len(bases)
     return [s.capacity_per_s for s in search_capacities(bases, [[] for _ in bases], runner, starts)]

@@ -13,7 +13,7 @@ from ampd.core.session import Session
 from ampd.experiment import batching_for, measure_for, perf_model_for, rate_for, sessions_for, slo_for
 from ampd.measure import STABLE, UNSTABLE, CapacitySearch, find_capacities
 from ampd.perf.interface import PerfModel
-from ampd.plan_simulation import refine
+from ampd.plan_simulation import refine, require_steady_state
 from ampd.planner import AMPD_LOCAL_SHARE, Plan, plan_deployments
 from ampd.policy.routing import SloThresholds
 from ampd.policy.systems import get_system
@@ -69,6 +69,7 @@ def plan_for(config: RunConfig, top_k: int = 3, local_share: float | None = None
     refine_k, by = config.planner.refine_top_k, config.planner.refine_by
     source = config
     if refine_k and by == "capacity":
+        require_steady_state(config)
         knee_per_s = knee_rate_per_s(config, local_share, solver)
         if knee_per_s > 0:  # else no rate has a plan: the run's own rate says why
             source = override(config, workload={"rate_per_s": knee_per_s})

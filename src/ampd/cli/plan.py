@@ -146,6 +146,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
                              f"({w.arrival_process} arrivals), "
                              f"SLO TTFT {config.slo.ttft_s:.2f} s, ITL {1000 * config.slo.itl_s:.0f} ms; "
                              f"{routing}; {args.solver}, {planning_s:.2f} s", plans))
+    if config.planner.refine_top_k and config.planner.refine_by == "capacity":
+        print(f"[planner] refine_by = capacity: the top {config.planner.refine_top_k} were drawn at the planner's "
+              "knee (their Z is there) and are in the order of their simulated capacity")
     result = {"config": config.model_dump(mode="json"), "local_share": None if co_designed else share,
               "solver": args.solver, "planning_s": planning_s, "plans": [p.to_dict() for p in plans]}
     if args.simulate:
