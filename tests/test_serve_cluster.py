@@ -15,6 +15,8 @@ from ampd.config import RunConfig, override
 from ampd.experiment import sessions_for, simulate
 from ampd.measure import measure_window
 from ampd.metrics.summary import same_placement_share
+from ampd.profile.engine_side import snapshot_engines
+from ampd.profile.scrape import TIME_TO_FIRST_TOKEN, series
 from ampd.serve.clock import ScaledClock
 from ampd.serve.replay import replay, replay_across
 from ampd.serve.up import LocalCluster, free_serve_ports
@@ -202,18 +204,6 @@ def test_prefill_timeouts_fall_back_and_a_redis_outage_degrades_without_crashing
     assert health["status"] == "degraded" and health["store"] == "unreachable"
 
 
-def _histograms(url: str) -> dict[tuple[str, tuple], float]:
-    """Every ``_sum`` and ``_count`` sample of ``url/metrics`` by (name, labels)."""
-    from prometheus_client.parser import text_string_to_metric_families
-    samples = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
-        for s in family.samples:
-            if s.name.endswith(("_sum", "_count")):
-                key = (s.name, tuple(sorted(s.labels.items())))
-                samples[key] = samples.get(key, 0.0) + s.value
-    return samples
-
-
 def test_a_remote_rounds_phases_add_up_to_its_ttft_and_hold_each_engines_own_ttft(tmp_path):
     """Every round remote (pd-disagg): the coordinator's phases of a round
     (``ampd_round_phase_seconds``) sum to the TTFT it observed, for every round; the
@@ -224,24 +214,23 @@ def test_a_remote_rounds_phases_add_up_to_its_ttft_and_hold_each_engines_own_ttf
     slo = simulate(config).slo
     with LocalCluster(config, tmp_path) as cluster:
         [result] = replay_split(cluster.urls, config, slo)
-        coordinator = _histograms(cluster.urls[0])
-        engines = {w.role: {} for w in cluster.config.serve.workers}
-        for w in cluster.config.serve.workers:
-            for key, value in _histograms(w.url).items():
-                engines[w.role][key] = engines[w.role].get(key, 0.0) + value
+        workers = cluster.config.serve.workers
+        [coordinator, *engines] = asyncio.run(snapshot_engines([cluster.urls[0], *(w.url for w in workers)]))
     assert result.failed == []
     rounds = sum(len(s.rounds) for s in result.sessions)
 
     def phase(name: str, what: str = "sum") -> float:
-        return coordinator[(f"ampd_round_phase_seconds_{what}", (("phase", name), ("route", "remote")))]
+        return coordinator.value(series("ampd_round_phase_seconds", phase=name, route="remote") + f"_{what}")
+
+    def engine_ttft_s(role: str) -> float:  # summed over the role's engines
+        return sum(e.value(f"{TIME_TO_FIRST_TOKEN}_sum") for e, w in zip(engines, workers) if w.role == role)
 
     names = ("route", "queue", "export", "prefill", "handoff", "first_token")
     assert all(phase(n, "count") == rounds for n in names)
-    assert sum(phase(n) for n in names) == pytest.approx(coordinator[("ampd_ttft_seconds_sum", ())], rel=1e-9)
+    assert sum(phase(n) for n in names) == pytest.approx(coordinator.value("ampd_ttft_seconds_sum"), rel=1e-9)
     assert phase("export") == 0.0
-    engine_ttft = ("vllm:time_to_first_token_seconds_sum", ())
-    assert engines["prefill"][engine_ttft] > 0 and phase("prefill") >= engines["prefill"][engine_ttft]
+    assert engine_ttft_s("prefill") > 0 and phase("prefill") >= engine_ttft_s("prefill")
     # A mock decode engine streams a remote round's first token on arrival (the mock
     # prefill engine's reply came after the KV send): its own TTFT is 0.
-    assert phase("first_token") >= engines["decode"][engine_ttft] == 0.0
+    assert phase("first_token") >= engine_ttft_s("decode") == 0.0
     assert phase("handoff") >= 0 and phase("queue") >= 0

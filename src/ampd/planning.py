@@ -93,6 +93,8 @@ def knee_rate_per_s(config: RunConfig, local_share: float | None = None, solver:
     Raises:
         InputError: as ``rate_for``.
     """
+    # The capacity search's own stepping, fed the planner's verdict as a run's row
+    # (a rate "meets the SLO" when the best plan's Z <= 1).
     def evaluate(batch: list[tuple[int, float]]) -> list[dict]:
         rows = []
         for _, rate_per_s in batch:

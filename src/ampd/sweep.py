@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ampd.capacity_search import search_capacities
 from ampd.config import BUILTIN_PREFIX, RunConfig, SweepConfig, override
 from ampd.core.errors import InputError
 from ampd.core.names import unknown_name
 from ampd.experiment import check_runnable, measure_for, perf_model_for, rate_for, slo_for
-from ampd.capacity_search import search_capacities
 from ampd.measure import CapacitySearch
 from ampd.planning import resolve_deployment
 from ampd.runner import PointRunner

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ampd.capacity_search import search_capacities
 from ampd.config import RunConfig, override
 from ampd.core.deployment import Deployment
 from ampd.core.errors import InputError
@@ -23,7 +24,6 @@ from ampd.reproduce.deployments import colocated_candidates, disaggregated_candi
 from ampd.reproduce.search import coarse, pick_best, same_pair
 from ampd.runner import PointRunner
 from ampd.slo_rule import reference_tp
-from ampd.capacity_search import search_capacities
 from ampd.sweep import capacity_row, resolve_slo
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ class ServeMetrics:
         self.itl = Histogram("ampd_itl_seconds", "Inter-token latency, model seconds", registry=r,
                              buckets=_LATENCY_BUCKETS_S)
         self.round_phase = Histogram("ampd_round_phase_seconds", "A round's TTFT by phase, model seconds "
-                                     "(ampd.serve.round_phases): route local, remote or fallback",
+                                     "(ampd.serve.round_phases.PHASES: each route's phases)",
                                      ["route", "phase"], registry=r, buckets=_LATENCY_BUCKETS_S)
         self.decision = Histogram("ampd_route_decision_seconds", "Wall time to read the shared state and route "
                                   "one prefill", registry=r, buckets=_DECISION_BUCKETS_S)
