@@ -18,6 +18,7 @@ Run: ``python bench/bench_planner_capacity.py [--jobs N]`` -> ``bench/results/pl
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -46,9 +47,9 @@ def main() -> None:
     run = PointRunner(args.jobs, True, CACHE)
     cells = prepare([c for c in grid.cells(quick=False) if c.num_gpus <= 16], run)
     best = search_best(cells, run, quick=False)
-    baselines = {label: d for label, d in best.items()
-                 if label[1] in grid.DISAGGREGATED + grid.COLOCATED and not label[1].startswith("ampd")}
-    baseline_rows = run_capacities(grid_entries(cells, {k: v for k, v in best.items() if k in baselines}), [], run)
+    baselines = {key: chosen for key, chosen in best.items()
+                 if key[1] in grid.DISAGGREGATED + grid.COLOCATED and not key[1].startswith("ampd")}
+    baseline_rows = run_capacities(grid_entries(cells, baselines), [], run)
     rows = []
     for p in cells:
         config = override(p.config, system=SYSTEM, cluster={"deployment": "auto"})
@@ -81,6 +82,11 @@ def main() -> None:
         "system": SYSTEM, "top_k": TOP_K, "cells": rows,
         "planner_highest_cells": sum(r["planner_highest"] for r in rows),
         "refined_highest_cells": sum(r["refined_highest"] for r in rows), "num_cells": len(rows),
+        # means over the cells of per-cell ratios
+        "refined_over_best_baseline": statistics.fmean(r["refined_capacity_per_s"] / r["best_baseline_capacity_per_s"]
+                                                       for r in rows),
+        "refined_over_planner": statistics.fmean(r["refined_capacity_per_s"] / r["planner_capacity_per_s"]
+                                                 for r in rows),
         "wall_s": time.perf_counter() - started})
 
 
