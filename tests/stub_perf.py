@@ -4,6 +4,7 @@ out by hand in the tests."""
 from __future__ import annotations
 
 from ampd.core.deployment import WorkerSpec
+from ampd.perf.interface import RemoteStages, paper_remote_stages
 
 
 class StubPerf:
@@ -29,6 +30,13 @@ class StubPerf:
 
     def kv_capacity_tokens(self, tp: int) -> int:
         return self.capacity_tokens
+
+    def remote_stages_s(self, hist_tokens: int, new_tokens: int, prefill: WorkerSpec,
+                        decode: WorkerSpec) -> RemoteStages:
+        return paper_remote_stages(self, hist_tokens, new_tokens, prefill, decode)
+
+    def measured_remote_path(self, tp: int) -> bool:
+        return False
 
 
 class AlphaBetaStub(StubPerf):

@@ -19,7 +19,7 @@ from ampd.reproduce.deployments import disaggregated_candidates
 from ampd.serve.mock_engine import EngineOptions, MockEngine, _parser
 from ampd.serve.up import LocalCluster
 from ampd.slo_rule import reference_tp
-from hand_perf_file import write_hand_model
+from hand_perf_file import REMOTE_PATH, hand_model, write_hand_model
 
 # Two sessions, three rounds of 1,000, 500 and 2,000 new tokens. On the hand model
 # (10 ms + 0.1 ms per new token; a 20 ms decode step, TP 1 only) the SLO rule gives
@@ -112,6 +112,24 @@ def test_simulate_with_a_perf_model_file_derives_thresholds_from_it(tmp_path, pe
     assert json.loads((out / "config.json").read_text())["cluster"]["perf_model"] == perf_file
 
 
+def test_a_measured_remote_path_adds_the_remote_rounds_floor_to_the_ttft_threshold(tmp_path, trace_file):
+    # tests/hand_perf_file.py's REMOTE_PATH: a remote round's requests take, beyond
+    # T_pre (10 ms + 0.1 ms per new token):
+    # s1 round 0 (no history): prefill 30 + 200 ms, join 25 + 10 ms: 0.265 - 0.11 = 0.155 s;
+    # s1 round 1 (1,010 history tokens, 500 new): export 5 + 20 + 1.01 ms, prefill
+    #   30 + 100 + 10.1 ms, join 25 + 5 ms: 0.19611 - 0.06 = 0.13611 s;
+    # s2 round 0 (2,000 new): prefill 30 + 400 ms, join 25 + 20 ms: 0.475 - 0.21 = 0.265 s.
+    data = {**hand_model(), "remote_path": REMOTE_PATH}
+    perf_file = str(write_hand_model(tmp_path / "perf.json", data))
+    out = tmp_path / "out"
+    assert main(["simulate", "--perf-model", perf_file, "--workload", trace_file, "--num-sessions", "2",
+                 "--gpus", "2", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    floor_s = (0.155 + 0.13611 + 0.265) / 3
+    assert summary["ttft_slo_s"] == pytest.approx(TTFT_SLO_S + floor_s)
+    assert summary["itl_slo_s"] == pytest.approx(ITL_SLO_S)
+
+
 def test_up_starts_mock_engines_timed_by_the_file(tmp_path, perf_file, monkeypatch):
     config = override(RunConfig(), cluster={"perf_model": perf_file, "num_gpus": 2,
                                             "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"})
@@ -136,3 +154,11 @@ def test_reproduce_runs_the_grid_on_the_files_model(perf_file):
     assert [(c.model, c.perf_model) for c in cells] == [("my-8b", perf_file)] * len(grid.WORKLOADS)
     config = override(RunConfig(), cluster={"model": "my-8b", "num_gpus": 8, "perf_model": perf_file})
     assert perf_model_for(config).tps == (1,)
+
+
+@pytest.mark.parametrize("engine, measured", [("vllm-nixl", True), ("mock", True), ("vllm", False)])
+def test_a_measured_remote_path_is_dropped_for_engines_that_do_not_read_history(tmp_path, engine, measured):
+    # vLLM with a one-way connector recomputes the history: none of the measured requests happen.
+    path = str(write_hand_model(tmp_path / "perf.json", {**hand_model(), "remote_path": REMOTE_PATH}))
+    perf = perf_model_for(RunConfig(cluster={"perf_model": path}, serve={"engine": engine}))
+    assert perf.measured_remote_path(1) is measured

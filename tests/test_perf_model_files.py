@@ -11,7 +11,7 @@ from ampd.core.errors import InputError
 from ampd.perf import EngineBatching, load_perf_model
 from ampd.perf.catalog import ModelSpec
 from ampd.perf.model import FORMAT_V1, AlphaBetaPerfModel, build_perf_model
-from hand_perf_file import hand_model, write_hand_model
+from hand_perf_file import REMOTE_PATH, hand_model, write_hand_model
 
 P0 = WorkerSpec(0, Role.PREFILL, 1, server=0)
 D1 = WorkerSpec(1, Role.DECODE, 1, server=0)
@@ -63,6 +63,23 @@ def test_round_trip_keeps_every_field(tmp_path):
     assert written["request_overhead_s"] == 0.005
 
 
+def test_a_measured_remote_path_replaces_the_papers_read_prefill_and_send():
+    paper = _from(hand_model())
+    # The paper's stages: KV read of the history, T_pre, KV send of the new tokens.
+    assert paper.remote_stages_s(1000, 100, P0, D1) == pytest.approx(
+        (0.001 + 0.131072, 0.01 + 0.01, 0.001 + 0.0131072))
+    measured = _from({**hand_model(), "remote_path": REMOTE_PATH})
+    # Nothing read ahead; on the prefill worker the export request (5 ms serving path + 20 ms
+    # + 1 ms) then the prefill engine's request (30 + 20 + 10 ms); the join (25 + 1 ms).
+    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.026 + 0.06, 0.026))
+    assert measured.remote_stages_s(0, 100, P0, D1) == pytest.approx((0.0, 0.05, 0.026))  # no history, no export
+    # A decode worker of a TP the profile did not measure: the paper's stages.
+    d2 = WorkerSpec(3, Role.DECODE, 2, server=0)
+    assert measured.remote_stages_s(1000, 100, P0, d2) == paper.remote_stages_s(1000, 100, P0, d2)
+    assert AlphaBetaPerfModel.from_json(measured.to_json()) == measured
+    assert json.loads(measured.to_json())["remote_path"] == REMOTE_PATH
+
+
 def test_a_catalog_build_is_written_in_v2_with_full_specs_and_read_back_identical():
     h20 = build_perf_model("Llama-3.1-8B", "H20", tps=(1, 2))
     data = json.loads(h20.to_json())
@@ -99,6 +116,20 @@ def _without(data: dict, section: str, key: str) -> dict:
     (lambda d: d.update(kv_capacity={"1": 5}), "unknown field 'kv_capacity'"),
     (lambda d: d.update(request_overhead_s=-0.01), "request_overhead_s: expected a finite number >= 0"),
     (lambda d: d.update(request_overhead_s=50), "request_overhead_s: 50 s is more than 10 s"),
+    (lambda d: d.update(remote_path={"2": REMOTE_PATH["1"]}), "remote_path for TP=2, which has no cost function"),
+    (lambda d: d.update(remote_path={"1": {**REMOTE_PATH["1"], "join": None}}), "remote_path.1.join: expected an "
+                                                                                  "object"),
+    (lambda d: d.update(remote_path={"1": {k: v for k, v in REMOTE_PATH["1"].items() if k != "export"}}),
+     "remote_path.1: missing 'export'"),
+    (lambda d: d.update(remote_path={"1": {**REMOTE_PATH["1"], "export": {"fixed_s": -1, "s_per_token": 0}}}),
+     "remote_path.1.export.fixed_s: expected a finite number >= 0"),
+    (lambda d: d.update(remote_path={"1": {**REMOTE_PATH["1"], "prefill": {"segments": {}}}}),
+     "remote_path.1.prefill: missing or malformed field"),
+    (lambda d: d.update(remote_path={"1": {**REMOTE_PATH["1"], "join": {"fixed_s": 10**400, "s_per_token": 0}}}),
+     "remote_path.1.join.fixed_s: expected a finite number >= 0"),
+    (lambda d: d.update(remote_path={"1": {**REMOTE_PATH["1"], "join": {"fixed_s": 32.6, "s_per_token": 0}}}),
+     "remote_path.1.join.fixed_s: 32.6 s is more than 10 s"),
+    (lambda d: d.update(remote_path={"01": REMOTE_PATH["1"]}), "remote_path: key '01' is not a TP degree"),
     (lambda d: _without(d, "model", "hidden_size"), "model: missing 'hidden_size'"),
     (lambda d: d["model"].update(num_layers="32"), "model.num_layers: expected an integer > 0"),
     (lambda d: d["model"].update(active_params=9_000_000_000), "model.active_params: 9000000000 is more than params"),

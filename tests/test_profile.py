@@ -22,7 +22,8 @@ from ampd.profile.decode_probe import MixedPoint, chunk_budget_tokens
 from ampd.profile.engine import connect
 from ampd.profile.overhead_probe import PROBE_PROMPT_TOKENS, measure_overhead
 from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, split
-from ampd.profile.run import ProfileGrid, batching, run
+from ampd.profile.remote_probe import RemotePoint
+from ampd.profile.run import ProfileGrid, batching, fit_remote, run
 from ampd.serve.mock_engine import EngineOptions, create_app
 
 # [our choice] Half speed: a 48-token decode probe lasts about half a wall second, long
@@ -161,6 +162,19 @@ def test_a_kv_link_fits_latency_plus_bytes_over_bandwidth():
         fit_kv_points([(1e6, 0, 1.0)], np.random.default_rng(0))
 
 
+def test_a_remote_rounds_requests_are_fitted_each_by_its_own_sizes():
+    # Points made from known functions: export 20 ms + 1 us per history token, the prefill
+    # request 30 ms + 0.2 ms per new token + 10 us per history token read, join 25 ms +
+    # 10 us per new token; every grid point, exact. Each fit gives its function back.
+    points = [RemotePoint(h, h, n, 0.02 + 1e-6 * h if h else None, 0.03 + 2e-4 * n + 1e-5 * h, 0.025 + 1e-5 * n)
+              for h in (0, 128, 512, 1024, 2048) for n in (16, 64, 256, 1024)]
+    fits = fit_remote(points, np.random.default_rng(0))
+    assert (fits["export"].linear.fixed_s, fits["export"].linear.s_per_token) == pytest.approx((0.02, 1e-6))
+    assert (fits["join"].linear.fixed_s, fits["join"].linear.s_per_token) == pytest.approx((0.025, 1e-5))
+    assert fits["prefill"].cost(1000, 100) == pytest.approx(0.03 + 0.02 + 0.01, rel=1e-3)
+    assert all(fit.held_out_mape < 1e-3 for fit in fits.values())
+
+
 def test_ampd_profile_writes_a_profile_and_its_plots(tmp_path, capsys):
     with _mock_pair() as (p, d, perf):
         code = main(["profile", "--decode-url", d, "--prefill-url", p, "--model", "Llama-3.1-8B", "--gpu", "H100-SXM",
@@ -174,6 +188,9 @@ def test_ampd_profile_writes_a_profile_and_its_plots(tmp_path, capsys):
     assert len(doc["points"]["prefill"]) == len(QUICK_GRID.hist_tokens) * len(QUICK_GRID.new_tokens)
     assert {"prefill", "decode", "kv"} <= set(doc["fit_report"])
     assert all((tmp_path / f"{name}.png").stat().st_size > 0 for name in ("prefill", "decode", "kv"))
+    # A mock decode engine hands out no history: no remote round measured, nor assumed.
+    assert doc["fingerprint"]["decode_engine"]["exports_history"] is False and not doc["points"]["remote"]
+    assert "remote_path" not in doc["perf_model"] and not (tmp_path / "remote.png").exists()
     # Every other command reads the profile as a performance model (--perf-model).
     loaded = load_perf_model(tmp_path / "profile.json")
     assert loaded.tps == (1,) and loaded.kv_capacity_tokens(1) == perf.kv_capacity_tokens(1)

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
@@ -31,6 +32,8 @@ from starlette.background import BackgroundTask
 from prometheus_client.parser import text_string_to_metric_families
 
 from ampd.config import EngineWorker, RunConfig, ServeConfig
+from ampd.profile.engine import connect
+from ampd.profile.remote_probe import exports_history, measure_remote
 from ampd.serve.app import create_app
 from ampd.serve.build import build_coordinator
 from ampd.serve.nixl_warmup import warm_nixl_pair
@@ -361,3 +364,34 @@ def test_a_failed_handshake_ends_in_a_named_fallback_and_the_round_completes(eng
     assert "vllm:prompt_tokens_by_source:local_compute" not in deltas[1]["prefill"]
     assert _eventually(prefill_url, FAILED, failed_before, 1) == 1  # the engine's own count
     _assert_local_fallback(deltas[1]["decode"], paths, fallbacks)
+
+
+def test_the_profiles_remote_round_probe_reads_the_whole_history_and_computes_only_the_new_tokens(engines):
+    """``ampd.profile.remote_probe`` makes a remote round's three requests as serving
+    does; the engines' own counters say what each computed and read."""
+    specs = engines["specs"]
+    hist_tokens, new_tokens = 8 * BLOCK_TOKENS, 64
+    urls = {name: specs[name].url for name in ("prefill", "decode")}
+
+    async def probe():
+        async with httpx.AsyncClient(timeout=120) as client:
+            rng = np.random.default_rng(0)
+            (prefill, _), (decode, _) = [await connect(urls[name], client, rng) for name in ("prefill", "decode")]
+            return await exports_history(decode), await measure_remote(prefill, decode, hist_tokens, new_tokens)
+
+    before = {name: _settled(url) for name, url in urls.items()}
+    exports, point = asyncio.run(probe())
+    after = {name: _settled(url) for name, url in urls.items()}
+    prefill, decode = (_delta(before[name], after[name]) for name in ("prefill", "decode"))
+    assert exports
+    # A fresh prompt: the prefill engine's own cache has none of it, so it reads the whole
+    # history from the decode engine and computes only the new tokens (and the capability
+    # check's prompt was the decode engine's alone).
+    assert (point.hist_tokens, point.read_tokens, point.new_tokens) == (hist_tokens, hist_tokens, new_tokens)
+    assert prefill["vllm:prompt_tokens_by_source:external_kv_transfer"] == hist_tokens
+    assert prefill["vllm:prompt_tokens_by_source:local_compute"] == new_tokens
+    assert prefill["vllm:nixl_bytes_transferred_sum"] == KV_BYTES_PER_BLOCK * hist_tokens // BLOCK_TOKENS
+    # The decode engine read back the new tokens' blocks (the prompt ends on a block
+    # boundary: 320 tokens), keeping the history's from its cache.
+    assert decode["vllm:nixl_bytes_transferred_sum"] == KV_BYTES_PER_BLOCK * new_tokens // BLOCK_TOKENS
+    assert point.export_s > 0 and point.prefill_s > 0 and point.join_s > 0

@@ -5,8 +5,13 @@ import random
 import pytest
 
 from ampd.core import Deployment, Round, Session
+from ampd.core.task import PrefillTask
+from ampd.perf.interface import RemoteStages
+from ampd.planner.prefill_tau import _chains
+from ampd.planner.queueing import fcfs_ttft_s
+from ampd.planner.stream import build_stream
 from ampd.policy.reorder import Fcfs
-from ampd.policy.routing import AdaptiveRouter, AlwaysRemoteRouter, SloThresholds
+from ampd.policy.routing import AdaptiveRouter, AlwaysRemoteRouter, SloThresholds, remote_estimate_s
 from ampd.sim.cluster import SimCluster
 from stub_perf import StubPerf
 
@@ -113,3 +118,57 @@ def test_a_prefill_queue_policy_counts_the_decode_engines_request_after_each_tas
     SimCluster(specs, ServedStub(), AlwaysRemoteRouter(), Spy()).run(sessions)
     assert seen[0] == pytest.approx((0.05, 0.05))  # nothing computing: only the request
     assert seen[1] == pytest.approx((0.05, 1.0 + 0.05))  # a's compute ahead, then the request
+
+
+class MeasuredPathStub(ServedStub):
+    """ServedStub whose remote rounds take measured engine requests (a profile's
+    ``RemotePath``): the history export 30 ms (its serving path in it) and the prefill
+    engine's request 200 ms, both holding the prefill worker, then the decode engine's
+    join 40 ms, whatever the sizes."""
+
+    def remote_stages_s(self, hist_tokens, new_tokens, prefill, decode):
+        return RemoteStages(0.0, (0.03 if hist_tokens else 0.0) + 0.2, 0.04)
+
+    def measured_remote_path(self, tp):
+        return True
+
+
+def _measured_session(session_id: str, arrival_s: float) -> Session:
+    return Session(session_id, arrival_s, (Round(1000, 3, 2.0), Round(500, 2)))
+
+
+def test_a_measured_remote_path_times_the_round_by_its_engine_requests():
+    # Round 0 (no history, no export): its request reaches the prefill engine at 0.05, the
+    # prefill request takes 0.2, the join 0.04 and the decode request's path 0.05: 0.34.
+    # Two 20 ms steps: done 0.38; round 1 ready at 2.38: 0.05 + export 0.03 + 0.2 + 0.04 + 0.05.
+    cluster = _cluster("P:<TP=1,DP=1> D:<TP=1,DP=1>", AlwaysRemoteRouter(), MeasuredPathStub())
+    r0, r1 = cluster.run([_measured_session("s", 0.0)]).sessions[0].rounds
+    assert r0.first_token_s == pytest.approx(0.34)
+    assert r1.ready_s == pytest.approx(2.38)
+    assert r1.ttft_s == pytest.approx(0.37)
+    # The router's estimate on the idle cluster is that TTFT: no queue, the three stages and
+    # the prefill and decode requests' paths (the export's is in its stage).
+    view = cluster.view()
+    task = PrefillTask("t", 1, r1.hist_tokens, r1.new_tokens, 0.0, 1)
+    assert remote_estimate_s(task, view.workers[1], view.workers[0], MeasuredPathStub()) == pytest.approx(0.37)
+    # The planner's queue times the same rounds alike (two such sessions 100 s apart).
+    stream = build_stream([_measured_session("a", 0.0), _measured_session("b", 100.0)], itl_s=0.02,
+                          local_share=0.0)
+    run = fcfs_ttft_s(_chains(stream, MeasuredPathStub(), 1, cross_server=False), 1)
+    assert run.ttft_s.tolist() == pytest.approx([0.34, 0.37, 0.34, 0.37])
+
+
+def test_with_a_measured_remote_path_the_next_task_is_picked_when_the_worker_frees():
+    # Serving sends the export from the prefill worker's one slot, so nothing is read ahead:
+    # b is picked when a's 0.2 s ends (0.25), not when it starts (0.05) as a lazy read would.
+    seen = []
+
+    class Spy(Fcfs):
+        def pick(self, queue, now_s, start_delay_s=0.0):
+            seen.append(now_s)
+            return super().pick(queue, now_s, start_delay_s)
+
+    specs = Deployment.parse("P:<TP=1,DP=1> D:<TP=1,DP=1>").workers(8)
+    sessions = [Session("a", 0.0, (Round(1000, 2),)), Session("b", 0.0, (Round(1000, 2),))]
+    SimCluster(specs, MeasuredPathStub(), AlwaysRemoteRouter(), Spy()).run(sessions)
+    assert seen == pytest.approx([0.05, 0.25])

@@ -22,6 +22,7 @@ import numpy as np
 
 from ampd.config import RunConfig
 from ampd.core.deployment import Deployment, Role, WorkerSpec
+from ampd.core.engine_kinds import READS_HISTORY
 from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.measure import (
@@ -89,7 +90,9 @@ def perf_model_for(config: RunConfig) -> PerfModel:
     the model and GPU ``cluster.model`` and ``cluster.gpu`` name (catalog names or files,
     ``ampd.perf.resolve``); either way with the configured servers
     and links (a file's measured KV link, when it has one, still times transfers:
-    ``AlphaBetaPerfModel.kv_transfer_s``).
+    ``AlphaBetaPerfModel.kv_transfer_s``). A file's measured remote path is dropped for
+    engines whose prefill engine does not read history (``serve.engine`` ``vllm``): it
+    times requests they never make.
 
     Raises:
         InputError: an unknown model or GPU, a bad model or GPU file, or a perf model file
@@ -103,7 +106,10 @@ def perf_model_for(config: RunConfig) -> PerfModel:
                                    network_gb_per_s=cluster.network_gb_per_s,
                                    nvlink_gb_per_s=cluster.nvlink_gb_per_s or topology.nvlink_gb_per_s)
     if loaded is not None:
-        return dataclasses.replace(loaded, topology=topology)
+        measured = loaded.measured
+        if not READS_HISTORY[config.serve.engine]:
+            measured = dataclasses.replace(measured, remote_path=None)
+        return dataclasses.replace(loaded, topology=topology, measured=measured)
     return build_perf_model(resolve_model(cluster.model), device, topology)
 
 

@@ -14,15 +14,21 @@ they scale with model, GPU and prompt lengths:
   (``2 x perf.request_overhead_s``, 0 in a catalog model; a local round makes
   one): a fixed latency no queue order removes, added once rather than scaled,
   so a slow API server neither makes every remote round miss nor earns a
-  looser threshold;
+  looser threshold; likewise, where a profile measured a remote round's engine
+  requests (``ampd.perf.measured.RemotePath``), the mean over the workload's
+  rounds of what those requests take unloaded beyond ``T_pre`` (the history
+  export, the history read, the engines' scheduling, the join: the round's floor
+  on such engines; 0 in a catalog model, whose remote rounds add only KV
+  transfers, as the paper's thresholds do not count; never below 0);
 - ITL threshold = ``ITL_FACTOR`` x the decode-step time of a batch of
   ``REF_BATCH`` sequences of the workload's mean context on that replica.
 """
 
 from __future__ import annotations
 
+from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
-from ampd.core.session import Session
+from ampd.core.session import Round, Session
 from ampd.perf.interface import PerfModel
 from ampd.policy.routing import SloThresholds
 
@@ -53,11 +59,20 @@ def derive_slo(perf: PerfModel, sessions: list[Session]) -> SloThresholds:
     if not sessions:
         raise InputError("cannot derive SLO thresholds from an empty workload")
     tp = reference_tp(perf)
-    prefills = [perf.prefill_s(s.history_tokens(i), r.input_tokens, tp)
-                for s in sessions for i, r in enumerate(s.rounds)]
+    prefills = [perf.prefill_s(s.history_tokens(i), r.input_tokens, tp) for s, i, r in _rounds(sessions)]
     contexts = [s.history_tokens(i) + r.input_tokens + r.output_tokens / 2
                 for s in sessions for i, r in enumerate(s.rounds)]
     mean_context = sum(contexts) / len(contexts)
-    ttft_s = TTFT_FACTOR * sum(prefills) / len(prefills) + 2 * perf.request_overhead_s
+    floor_s = 0.0
+    if perf.measured_remote_path(tp):
+        # The reference replica's pair, on one server as a profile's engines are.
+        pair = WorkerSpec(0, Role.PREFILL, tp, 0), WorkerSpec(1, Role.DECODE, tp, 0)
+        floor_s = max(0.0, sum(sum(perf.remote_stages_s(s.history_tokens(i), r.input_tokens, *pair)) - prefill_s
+                               for (s, i, r), prefill_s in zip(_rounds(sessions), prefills)) / len(prefills))
+    ttft_s = TTFT_FACTOR * sum(prefills) / len(prefills) + 2 * perf.request_overhead_s + floor_s
     itl_s = ITL_FACTOR * perf.decode_step_s(REF_BATCH, int(REF_BATCH * mean_context), tp)
     return SloThresholds(ttft_s, itl_s)
+
+
+def _rounds(sessions: list[Session]) -> list[tuple[Session, int, Round]]:
+    return [(s, i, r) for s in sessions for i, r in enumerate(s.rounds)]

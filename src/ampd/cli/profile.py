@@ -15,7 +15,8 @@ from ampd.profile.run import ProfileGrid, run
 # [our choice] --quick: a grid a mock engine answers in seconds and a tiny model on 2
 # CPU cores in about a minute; enough points for every fit, one repeat.
 QUICK_GRID = ProfileGrid(hist_tokens=(0, 512), new_tokens=(32, 128, 512, 2048), batch_sizes=(1, 4, 8),
-                         decode_prompt_tokens=(128, 512), kv_tokens=(256, 1024, 2048), repeats=1, warmup=1)
+                         decode_prompt_tokens=(128, 512), kv_tokens=(256, 1024, 2048),
+                         remote_hist_tokens=(0, 256, 1024), remote_new_tokens=(32, 512), repeats=1, warmup=1)
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
@@ -32,7 +33,10 @@ def cmd_profile(args: argparse.Namespace) -> None:
     engine = fingerprints["decode_engine"]
     title = f"{engine['model']} on {engine['engine']} {engine.get('engine_version') or ''}, TP={args.tp}".strip()
     plots = plot_profile(points, fits, title, out_dir)
-    named = [("T_pre", fits["prefill"]), ("T_dec", fits["decode"]), ("T_kv", fits["kv"])]
+    remote = fits["remote"] or {}
+    named = [("T_pre", fits["prefill"]), ("T_dec", fits["decode"]), ("T_kv", fits["kv"]),
+             ("remote: history export", remote.get("export")), ("remote: prefill request", remote.get("prefill")),
+             ("remote: join", remote.get("join"))]
     print_table(fit_table(f"profile of {title}", [(name, fit) for name, fit in named if fit is not None]))
     mode = fits["batching"]
     print(f"local prefill on the decode engine: {mode['mode']}"
@@ -40,7 +44,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
              if mode["mode"] == "chunked" else ""))
     if fits["request_overhead_s"] is not None:
         print(f"serving path of one engine request: {1000 * fits['request_overhead_s']:.1f} ms "
-              f"(beyond the engine's own TTFT; a remote round makes two)")
+              f"(beyond the engine's own TTFT; a remote round makes two, three with a history export)")
     print(f"profile in {path} (use it with --perf-model {path}); plots: {', '.join(p.name for p in plots)}")
 
 
@@ -50,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__)
     p.add_argument("--decode-url", required=True, help="a decode engine (OpenAI API + /metrics): T_pre, T_dec and "
                                                        "how it mixes a local prefill into decode steps")
-    p.add_argument("--prefill-url", help="a prefill engine with a KV connector to the decode engine: T_kv")
+    p.add_argument("--prefill-url", help="a prefill engine with a KV connector to the decode engine: T_kv, and a "
+                                        "remote round's requests when the decode engine exports history")
     p.add_argument("--model", required=True, help="the engines' model: a catalog name or a Hugging Face config.json "
                                                   "(file or folder): the shape of the KV cache and weights")
     p.add_argument("--gpu", required=True, help="the engines' GPU: a catalog name or a TOML file of its figures "

@@ -3,9 +3,25 @@ DESIGN.md section 4)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ampd.core.deployment import WorkerSpec
+
+
+class RemoteStages(NamedTuple):
+    """A remote prefill's three stages (AMPD.md section 3, step 3), seconds.
+
+    Attributes:
+        read_s: the lazy history read, before the compute: the part of the task
+            that may overlap the prefill worker's previous task.
+        compute_s: the time the task holds the prefill worker.
+        send_s: from the compute's end to the decode engine's first token, less the
+            decode request's serving path.
+    """
+
+    read_s: float
+    compute_s: float
+    send_s: float
 
 
 class PerfModel(Protocol):
@@ -44,6 +60,27 @@ class PerfModel(Protocol):
         """``T_kv(l; src, dst)``: move the KV of ``tokens`` tokens from ``src`` to ``dst``
         (NVLink on one server, the network between servers); 0 when src is dst."""
 
+    def remote_stages_s(self, hist_tokens: int, new_tokens: int, prefill: WorkerSpec,
+                        decode: WorkerSpec) -> RemoteStages:
+        """A remote prefill of ``new_tokens`` on ``hist_tokens`` of history, on ``prefill``
+        for a session bound to ``decode``: the paper's stages (``paper_remote_stages``)
+        unless the engines' own requests were measured (``ampd.perf.measured.RemotePath``)
+        at both workers' TP."""
+
+    def measured_remote_path(self, tp: int) -> bool:
+        """Whether a profile measured a remote round's engine requests at TP ``tp`` (then
+        ``remote_stages_s`` of two workers of that TP are those requests)."""
+
     def kv_capacity_tokens(self, tp: int) -> int:
         """KV tokens one replica of ``tp`` GPUs can hold: GPU memory minus weights
         (and a reserve for activations), divided by ``kv_bytes_per_token``."""
+
+
+def paper_remote_stages(perf: PerfModel, hist_tokens: int, new_tokens: int, prefill: WorkerSpec,
+                        decode: WorkerSpec) -> RemoteStages:
+    """AMPD's remote prefill (AMPD.md section 3, step 3): read the history's KV from the
+    decode worker (``T_kv(l_hist)``), prefill the new tokens on it (``T_pre``), send their
+    KV back (``T_kv(l_incr)``)."""
+    return RemoteStages(perf.kv_transfer_s(hist_tokens, decode, prefill),
+                        perf.prefill_s(hist_tokens, new_tokens, prefill.tp),
+                        perf.kv_transfer_s(new_tokens, prefill, decode))

@@ -1,6 +1,7 @@
 """What a measured profile knows better than the catalog: a KV link's cost, KV capacity per
-TP, KV bytes per token, how the engine mixes a local prefill with decode steps, and the
-latency of one request's path through the engine's API server.
+TP, KV bytes per token, how the engine mixes a local prefill with decode steps, the
+latency of one request's path through the engine's API server, and a remote round's three
+engine requests as a connector that reads history runs them (``RemotePath``).
 
 These are the optional fields of the ``ampd.perf.alphabeta/2`` JSON form (docs/PERF_MODEL.md,
 section 5); ``measured_from_dict`` reads them with an ``InputError`` naming the field,
@@ -10,12 +11,15 @@ section 5); ``measured_from_dict`` reads them with an ``InputError`` naming the 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
-from ampd.core.errors import InputError
+from ampd.core.errors import AmpdError, InputError
+from ampd.perf.alphabeta import PrefillCost
 
-# [our choice] An engine request whose serving path takes this long is not a latency to model
-# but a broken engine or a mistyped unit (milliseconds for seconds): refused.
+# [our choice] An engine request whose serving path, or whose fixed time on an idle engine (a
+# remote path's export and join), takes this long is not a latency to model but a broken
+# engine or a mistyped unit (milliseconds for seconds): refused.
 MAX_REQUEST_OVERHEAD_S = 10.0
 
 # How a decode engine runs a local prefill among its decode steps (``ampd.sim.decode_worker.Batching``
@@ -38,6 +42,45 @@ class KvLink:
     def transfer_s(self, num_bytes: float) -> float:
         """Seconds to move ``num_bytes`` between two different workers."""
         return self.alpha_s + self.s_per_byte * num_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LinearCost:
+    """A measured time linear in a token count: ``fixed_s + s_per_token * tokens`` seconds.
+
+    Attributes:
+        fixed_s: the time at 0 tokens, seconds (>= 0).
+        s_per_token: seconds per token (>= 0).
+    """
+
+    fixed_s: float
+    s_per_token: float
+
+    def __call__(self, tokens: float) -> float:
+        """Seconds for ``tokens`` tokens."""
+        return self.fixed_s + self.s_per_token * tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RemotePath:
+    """A remote round's engine requests as serving makes them on engines whose KV connector
+    reads a session's history from its decode engine (vLLM's bidirectional NixlConnector,
+    engine kind ``vllm-nixl``; docs/SERVING.md "The KV path on NIXL"), each the engine's own
+    time to first token for it (``vllm:time_to_first_token_seconds``, measured by
+    ``ampd.profile.remote_probe``; each request's serving path is ``request_overhead_s``).
+
+    Attributes:
+        export: the history export, by history tokens: a one-token request to the decode
+            engine that finds the history in its prefix cache and hands out its blocks.
+        prefill: the prefill engine's request, by ``(history, new)`` tokens: it reads the
+            history over the connector (none in a first round) and computes the new tokens.
+        join: the decode engine's request, by new tokens: it reads the new KV and
+            computes the first token.
+    """
+
+    export: LinearCost
+    prefill: PrefillCost
+    join: LinearCost
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +110,9 @@ class Measured:
         request_overhead_s: what one request to the engine takes beyond the engine's
             own time to first token, seconds (the HTTP legs and the API server's own
             work: ``ampd.profile.overhead_probe``).
+        remote_path: a remote round's engine requests as measured, per TP degree; they
+            replace the paper's read, ``T_pre`` and send of a remote prefill
+            (``AlphaBetaPerfModel.remote_stages_s``).
     """
 
     kv_link: KvLink | None = None
@@ -74,6 +120,7 @@ class Measured:
     kv_bytes_per_token: int | None = None
     batching: EngineBatching | None = None
     request_overhead_s: float | None = None
+    remote_path: dict[int, RemotePath] | None = None
 
 
 def measured_from_dict(data: dict) -> Measured:
@@ -84,13 +131,11 @@ def measured_from_dict(data: dict) -> Measured:
         InputError: a field of the wrong shape or out of range, naming the field.
     """
     overhead = data.get("request_overhead_s")
-    if overhead is not None and _seconds("request_overhead_s", overhead) > MAX_REQUEST_OVERHEAD_S:
-        raise InputError(f"request_overhead_s: {overhead} s is more than {MAX_REQUEST_OVERHEAD_S:g} s: an engine "
-                         f"request's serving path is milliseconds (is it in ms?)")
     return Measured(_kv_link(data.get("kv_transfer")), _capacity(data.get("kv_capacity_tokens")),
                     _optional_count("kv_bytes_per_token", data.get("kv_bytes_per_token")),
                     _batching(data.get("batching")),
-                    None if overhead is None else _seconds("request_overhead_s", overhead))
+                    None if overhead is None else _request_seconds("request_overhead_s", overhead),
+                    _remote_path(data.get("remote_path")))
 
 
 def measured_to_dict(measured: Measured) -> dict:
@@ -106,7 +151,15 @@ def measured_to_dict(measured: Measured) -> dict:
         out["batching"] = {"mode": measured.batching.mode, "chunk_tokens": measured.batching.chunk_tokens}
     if measured.request_overhead_s is not None:
         out["request_overhead_s"] = measured.request_overhead_s
+    if measured.remote_path is not None:
+        out["remote_path"] = {str(tp): {"export": _linear_to_dict(path.export), "prefill": path.prefill.to_dict(),
+                                        "join": _linear_to_dict(path.join)}
+                              for tp, path in sorted(measured.remote_path.items())}
     return out
+
+
+def _linear_to_dict(cost: LinearCost) -> dict:
+    return {"fixed_s": cost.fixed_s, "s_per_token": cost.s_per_token}
 
 
 def _object(field: str, value: object, keys: set[str]) -> dict:
@@ -120,9 +173,22 @@ def _object(field: str, value: object, keys: set[str]) -> dict:
 
 def _seconds(field: str, value: object) -> float:
     """A finite number >= 0 (a time or a time per byte cannot be negative)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    try:
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer past a float's range
+        number = math.inf
+    if not math.isfinite(number) or number < 0:
         raise InputError(f"{field}: expected a finite number >= 0, got {value!r}")
-    return float(value)
+    return number
+
+
+def _request_seconds(field: str, value: object) -> float:
+    """``_seconds`` of one engine request's time, at most ``MAX_REQUEST_OVERHEAD_S``."""
+    seconds = _seconds(field, value)
+    if seconds > MAX_REQUEST_OVERHEAD_S:
+        raise InputError(f"{field}: {value} s is more than {MAX_REQUEST_OVERHEAD_S:g} s: an engine request on an "
+                         f"idle engine takes milliseconds (is it in ms?)")
+    return seconds
 
 
 def _count(field: str, value: object) -> int:
@@ -147,6 +213,46 @@ def _kv_link(value: object) -> KvLink | None:
                   _seconds("kv_transfer.s_per_byte", data["s_per_byte"]))
 
 
+def _linear(field: str, value: object) -> LinearCost:
+    data = _object(field, value, {"fixed_s", "s_per_token"})
+    missing = [k for k in ("fixed_s", "s_per_token") if k not in data]
+    if missing:
+        raise InputError(f"{field}: missing {missing[0]!r}")
+    return LinearCost(_request_seconds(f"{field}.fixed_s", data["fixed_s"]),
+                      _seconds(f"{field}.s_per_token", data["s_per_token"]))
+
+
+def _remote_path(value: object) -> dict[int, RemotePath] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InputError(f"remote_path: expected an object of TP -> paths, got {type(value).__name__}")
+    paths = {}
+    for key, path in value.items():
+        _tp_key("remote_path", key)
+        field = f"remote_path.{key}"
+        data = _object(field, path, {"export", "prefill", "join"})
+        missing = [k for k in ("export", "prefill", "join") if k not in data]
+        if missing:
+            raise InputError(f"{field}: missing {missing[0]!r}")
+        try:
+            prefill = PrefillCost.from_dict(data["prefill"])
+        except AmpdError as exc:
+            raise InputError(f"{field}.prefill: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise InputError(f"{field}.prefill: missing or malformed field: {exc}") from None
+        paths[int(key)] = RemotePath(_linear(f"{field}.export", data["export"]), prefill,
+                                     _linear(f"{field}.join", data["join"]))
+    return paths
+
+
+def _tp_key(field: str, key: str) -> None:
+    """A TP degree as JSON writes one: ASCII digits, no leading zero (so no two keys name
+    one degree)."""
+    if not re.fullmatch(r"[1-9][0-9]*", key):
+        raise InputError(f"{field}: key {key!r} is not a TP degree (an integer >= 1)")
+
+
 def _capacity(value: object) -> dict[int, int] | None:
     if value is None:
         return None
@@ -154,8 +260,7 @@ def _capacity(value: object) -> dict[int, int] | None:
         raise InputError(f"kv_capacity_tokens: expected an object of TP -> tokens, got {type(value).__name__}")
     capacity = {}
     for key, tokens in value.items():
-        if not (str(key).isdigit() and int(key) >= 1):
-            raise InputError(f"kv_capacity_tokens: key {key!r} is not a TP degree (an integer >= 1)")
+        _tp_key("kv_capacity_tokens", key)
         capacity[int(key)] = _count(f"kv_capacity_tokens.{key}", tokens)
     return capacity
 

@@ -18,6 +18,7 @@ from ampd.perf.alphabeta import DecodeCost, PrefillCost
 from ampd.perf.calibrate import efficiency_for
 from ampd.perf.catalog import GpuSpec, ModelSpec, gpu, kv_bytes_per_token, model
 from ampd.perf.from_roofline import fit_from_roofline
+from ampd.perf.interface import RemoteStages, paper_remote_stages
 from ampd.perf.measured import EngineBatching, Measured, measured_from_dict, measured_to_dict
 from ampd.perf.memory import replica_kv_capacity_tokens
 from ampd.perf.resolve import resolve_gpu, resolve_model
@@ -30,7 +31,7 @@ FORMAT_V1 = "ampd.perf.alphabeta/1"
 # Top-level keys of a /2 object; any other is refused (a misspelt optional field would
 # otherwise be dropped without a word).
 _V2_KEYS = {"format", "model", "gpu", "topology", "tps", "fit_report", "kv_transfer", "kv_capacity_tokens",
-            "kv_bytes_per_token", "batching", "request_overhead_s"}
+            "kv_bytes_per_token", "batching", "request_overhead_s", "remote_path"}
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,11 @@ class AlphaBetaPerfModel:
         if not self.prefill or set(self.prefill) != set(self.decode):
             raise InputError(f"perf model: prefill TPs {sorted(self.prefill)} and decode TPs "
                              f"{sorted(self.decode)} must be the same, non-empty set")
-        unknown = sorted(set(self.measured.kv_capacity_tokens or {}) - set(self.prefill))
-        if unknown:
-            raise InputError(f"perf model: kv_capacity_tokens for TP={unknown[0]}, which has no cost function; "
-                             f"TPs: {sorted(self.prefill)}")
+        for name in ("kv_capacity_tokens", "remote_path"):
+            unknown = sorted(set(getattr(self.measured, name) or {}) - set(self.prefill))
+            if unknown:
+                raise InputError(f"perf model: {name} for TP={unknown[0]}, which has no cost function; "
+                                 f"TPs: {sorted(self.prefill)}")
 
     @property
     def tps(self) -> tuple[int, ...]:
@@ -124,6 +126,29 @@ class AlphaBetaPerfModel:
         if link is None:
             return self.topology.transfer_s(num_bytes, src, dst)
         return 0.0 if src.worker_id == dst.worker_id else link.transfer_s(num_bytes)
+
+    def remote_stages_s(self, hist_tokens: int, new_tokens: int, prefill: WorkerSpec,
+                        decode: WorkerSpec) -> RemoteStages:
+        """A remote prefill's stages, seconds. Where both workers' TP has a measured
+        ``RemotePath``: read 0; compute = the export request (its serving path and the
+        decode engine's time; none without history) then the prefill engine's request,
+        since serving sends both from the prefill worker's one slot (docs/SERVING.md,
+        "The KV path on NIXL"), so the export cannot overlap the previous task; send =
+        the decode engine's request to its first token. Else ``paper_remote_stages``.
+        A profile's engines were on one host: a cross-server pair is timed as they were.
+
+        Raises:
+            InputError: no cost function for the prefill's TP.
+        """
+        if not (self.measured_remote_path(prefill.tp) and self.measured_remote_path(decode.tp)):
+            return paper_remote_stages(self, hist_tokens, new_tokens, prefill, decode)
+        path = self.measured.remote_path[prefill.tp]
+        export_s = self.request_overhead_s + path.export(hist_tokens) if hist_tokens > 0 else 0.0
+        return RemoteStages(0.0, export_s + path.prefill(hist_tokens, new_tokens), path.join(new_tokens))
+
+    def measured_remote_path(self, tp: int) -> bool:
+        """Whether a profile measured a remote round's engine requests at TP ``tp``."""
+        return tp in (self.measured.remote_path or {})
 
     def kv_capacity_tokens(self, tp: int) -> int:
         """KV tokens one replica of ``tp`` GPUs holds: the measured figure for ``tp`` when
@@ -196,7 +221,7 @@ class AlphaBetaPerfModel:
                        data.get("fit_report", {}), measured)
         except AmpdError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise InputError(f"perf model JSON: missing or malformed field: {exc}") from None
 
     def save(self, path: str | Path) -> None:

@@ -83,11 +83,11 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
 def _chains(stream: NominalStream, perf: PerfModel, tp: int, cross_server: bool) -> PrefillChains:
     prefill = WorkerSpec(0, Role.PREFILL, tp, 0)
     decode = WorkerSpec(1, Role.DECODE, tp, 1 if cross_server else 0)
-    hist, new = stream.hist_tokens.tolist(), stream.new_tokens.tolist()
-    return PrefillChains(stream.ready_s, [perf.kv_transfer_s(h, decode, prefill) for h in hist],
-                         [perf.prefill_s(h, x, tp) for h, x in zip(hist, new)],
-                         [perf.kv_transfer_s(x, prefill, decode) for x in new],
-                         stream.remote, stream.after_s, stream.next_task, perf.request_overhead_s)
+    stages = [perf.remote_stages_s(h, x, prefill, decode)
+              for h, x in zip(stream.hist_tokens.tolist(), stream.new_tokens.tolist())]
+    return PrefillChains(stream.ready_s, [s.read_s for s in stages], [s.compute_s for s in stages],
+                         [s.send_s for s in stages], stream.remote, stream.after_s, stream.next_task,
+                         perf.request_overhead_s)
 
 
 def _p95_s(ttft_s: np.ndarray, session: np.ndarray, scope: str) -> float:

@@ -29,8 +29,9 @@ class PrefillChains:
         next_task: index of the session's next round, -1 after the last.
         request_s: the serving path of one engine request (``perf.request_overhead_s``),
             seconds: a remote task reaches the prefill replica that long after it is
-            ready and its first token comes that long after its KV (two requests); a
-            local task makes one.
+            ready and its first token comes that long after its KV (two requests; a
+            measured remote path's history export is in ``compute_s``); a local task
+            makes one.
     """
 
     arrival_s: np.ndarray

@@ -36,13 +36,12 @@ class SloThresholds:
 def remote_prefill_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView, perf: PerfModel) -> float:
     """Time a remote prefill occupies ``prefill`` and its links, seconds: read the
     history KV from the decode worker, prefill the new tokens, send their KV
-    back. An engine that does not read history (``reads_history`` False)
+    back (``perf.remote_stages_s``: as measured where a profile timed the
+    engines' own requests). An engine that does not read history (``reads_history`` False)
     recomputes it instead and sends the whole prompt's KV back (DESIGN.md
     section 5: the cost model charges what the engine really does)."""
     if prefill.reads_history:
-        return (perf.kv_transfer_s(task.hist_tokens, decode.spec, prefill.spec)
-                + perf.prefill_s(task.hist_tokens, task.new_tokens, prefill.spec.tp)
-                + perf.kv_transfer_s(task.new_tokens, prefill.spec, decode.spec))
+        return sum(perf.remote_stages_s(task.hist_tokens, task.new_tokens, prefill.spec, decode.spec))
     prompt_tokens = task.hist_tokens + task.new_tokens
     return perf.prefill_s(0, prompt_tokens, prefill.spec.tp) + perf.kv_transfer_s(prompt_tokens, prefill.spec,
                                                                                     decode.spec)
@@ -52,7 +51,8 @@ def remote_estimate_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView
     """``t_remote_i`` of Algorithm 1: drain the prefill worker's queue, then
     ``remote_prefill_s``, plus the serving path of its two engine requests
     (``perf.request_overhead_s``: prefill engine, then decode engine; 0 in the
-    paper's model). [our choice] The first request is counted after the drain:
+    paper's model; a measured remote path's third, the history export, is in its
+    stage). [our choice] The first request is counted after the drain:
     so it runs when served (the coordinator holds the queue); the simulator
     sends it before the queue, where it overlaps a draining queue and the
     estimate runs high by up to one request."""

@@ -14,6 +14,10 @@ and after a real run splits the two:
   history read computes the new tokens on top of the history; a shorter history than
   the engines' recompute threshold is computed again): the cost model checked on the
   run's own work under serving load, where the profile measured one probe at a time;
+  and the simulator's three stages of the same rounds (``perf.remote_stages_s``: with a
+  measured remote path, no read, the export and the prefill engine's request, and the
+  join, to set beside the coordinator's ``export`` + ``prefill`` and ``first_token``
+  phases);
 - **KV transfers**: the engines' ``vllm:nixl_xfer_time_seconds`` (mean, count),
   which the profile times one at a time on idle engines;
 - **TTFT** by stage (the client's and the simulator's means are ``compare``'s): per
@@ -23,8 +27,8 @@ and after a real run splits the two:
   remote round's TTFT is its prefill engine's plus its decode engine's plus the path
   between them (the coordinator, HTTP); a local round's, its decode engine's plus
   the path. Beside them the profile's serving path of the same rounds (two engine
-  requests a remote round, one a local round, at ``perf.request_overhead_s``),
-  which the simulator adds;
+  requests a remote round, three with a measured remote path's history export, one
+  a local round, at ``perf.request_overhead_s``), which the simulator adds;
 - **the coordinator's phases** (``coordinator_phases``): each coordinator's
   ``ampd_round_phase_seconds`` (``ampd.serve.round_phases``) over the run, the mean
   of each phase per route: where the rest of a TTFT lies.
@@ -37,6 +41,7 @@ from collections.abc import Sequence
 
 import httpx
 
+from ampd.core.deployment import Role, WorkerSpec
 from ampd.metrics.records import SessionRecord
 from ampd.perf.interface import PerfModel
 from ampd.profile.scrape import (
@@ -100,8 +105,9 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
 
     Returns:
         ``itl_sim_s``, ``itl_engine_s``, ``itl_client_s`` (means, seconds);
-        ``remote_prefill_model_s`` and ``remote_prefill_engine_s`` (means, seconds)
-        with ``remote_rounds`` (rounds the real run prefilled remotely) and
+        ``remote_prefill_model_s`` and ``remote_prefill_engine_s`` (means, seconds);
+        ``remote_read_model_s``, ``remote_compute_model_s``, ``remote_send_model_s``
+        (the simulator's stages of the same rounds, means, seconds); with ``remote_rounds`` (rounds the real run prefilled remotely) and
         ``remote_prefills_engine`` (prefills the prefill engines counted);
         ``kv_xfer_engine_s`` (mean, seconds) and ``kv_xfers_engine`` (count);
         for each role R, ``ttft_R_engine_s`` and ``queue_R_engine_s`` (the engines' means,
@@ -116,8 +122,13 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
     prefill_before, prefill_after = of("prefill")
     served = [r for s in real for r in s.rounds if r.first_token_s is not None]
     remote = [r for r in served if r.local is False]
-    model_s = [perf.prefill_s(*_computed(r.hist_tokens, r.new_tokens, history_read_min_tokens), prefill_tp)
-               for r in remote]
+    computed = [_computed(r.hist_tokens, r.new_tokens, history_read_min_tokens) for r in remote]
+    model_s = [perf.prefill_s(*c, prefill_tp) for c in computed]
+    # The profile's engines were one of each role at one TP, on one host.
+    specs = WorkerSpec(0, Role.PREFILL, prefill_tp, 0), WorkerSpec(1, Role.DECODE, prefill_tp, 0)
+    stages = [perf.remote_stages_s(*c, *specs) for c in computed]
+    # A measured remote path makes a third request, the history export, of rounds with history.
+    exports = sum(cached > 0 for cached, _ in computed) if perf.measured_remote_path(prefill_tp) else 0
     prefill_sum_s, prefill_count = _gained(prefill_before, prefill_after, PREFILL_TIME)
     xfer_sum_s, xfer_count = _gained(before, after, KV_XFER_TIME)
     return {
@@ -126,9 +137,11 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
         "itl_client_s": _token_itl_s(real),
         "remote_prefill_model_s": statistics.fmean(model_s) if model_s else None,
         "remote_prefill_engine_s": _mean(prefill_sum_s, prefill_count),
+        **{f"remote_{name}_model_s": statistics.fmean(getattr(st, f"{name}_s") for st in stages) if stages else None
+           for name in ("read", "compute", "send")},
         "remote_rounds": len(remote), "remote_prefills_engine": int(prefill_count),
         "kv_xfer_engine_s": _mean(xfer_sum_s, xfer_count), "kv_xfers_engine": int(xfer_count),
-        "serving_path_model_s": _mean((len(served) + len(remote)) * perf.request_overhead_s, len(served)),
+        "serving_path_model_s": _mean((len(served) + len(remote) + exports) * perf.request_overhead_s, len(served)),
         **{f"{what}_{role}_engine_s": _mean(*_gained(*of(role), histogram))
            for role in ("prefill", "decode") for what, histogram in (("ttft", TIME_TO_FIRST_TOKEN),
                                                                      ("queue", QUEUE_TIME))},

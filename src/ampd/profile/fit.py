@@ -16,6 +16,7 @@ error reported on points the fit never saw.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from scipy.optimize import nnls
 
 from ampd.core.errors import InputError
 from ampd.perf.alphabeta import DecodeCost, PrefillCost, fit_decode, fit_prefill
-from ampd.perf.measured import KvLink
+from ampd.perf.measured import KvLink, LinearCost
 
 MAX_BREAKPOINTS = 3
 MIN_GAIN = 0.05
@@ -41,10 +42,11 @@ class FitResult:
     """A fitted cost function and how well it predicts.
 
     Attributes:
-        cost: the fitted function (``PrefillCost``, ``DecodeCost``, or ``KvLink``'s
-            time as a function of ``(bytes, unused)``).
+        cost: the fitted function (``PrefillCost``, ``DecodeCost``, or a linear
+            time as a function of ``(size, unused)``).
         link: the fitted ``KvLink`` (``fit_kv_points`` only).
-        breakpoints: the segment boundaries chosen (empty for ``KvLink``).
+        linear: the fitted ``LinearCost`` (``fit_linear_points`` only).
+        breakpoints: the segment boundaries chosen (empty for a linear fit).
         train_mape, held_out_mape: mean absolute percentage error, as a fraction.
         num_train, num_held_out: grid points (medians of repeats) on each side.
         held_out: the held-out points (size, size, measured seconds).
@@ -58,6 +60,7 @@ class FitResult:
     num_held_out: int
     held_out: tuple[Sample, ...]
     link: KvLink | None = None
+    linear: LinearCost | None = None
 
     def report(self) -> dict:
         """JSON-ready facts of the fit."""
@@ -112,27 +115,44 @@ def fit_decode_points(samples: Sequence[Sample], rng: np.random.Generator) -> Fi
 
 
 def fit_kv_points(samples: Sequence[Sample], rng: np.random.Generator) -> FitResult:
-    """``KvLink`` fitted to ``(bytes, 0, seconds)`` samples by non-negative least
-    squares on relative error.
+    """``KvLink`` fitted to ``(bytes, 0, seconds)`` samples (``_fit_line``).
 
     Raises:
         InputError: fewer than 2 distinct sizes, or non-positive times.
     """
+    result, (alpha_s, s_per_byte) = _fit_line(samples, rng, "KV transfer")
+    return dataclasses.replace(result, link=KvLink(alpha_s, s_per_byte))
+
+
+def fit_linear_points(samples: Sequence[Sample], rng: np.random.Generator, what: str) -> FitResult:
+    """``LinearCost`` fitted to ``(tokens, 0, seconds)`` samples (``_fit_line``).
+
+    Raises:
+        InputError: fewer than 2 distinct sizes, or non-positive times (``what`` names
+            the function).
+    """
+    result, (fixed_s, s_per_token) = _fit_line(samples, rng, what)
+    return dataclasses.replace(result, linear=LinearCost(fixed_s, s_per_token))
+
+
+def _fit_line(samples: Sequence[Sample], rng: np.random.Generator, what: str) -> tuple[FitResult, tuple[float, float]]:
+    """``a + b x`` fitted to ``(x, 0, seconds)`` samples by non-negative least squares on
+    relative error: the fit and ``(a, b)``."""
     points = medians(samples)
     if len({p[0] for p in points}) < 2 or any(not t > 0 for _, _, t in points):
-        raise InputError(f"KV transfer fit: needs 2 or more sizes with positive times, got {points}")
+        raise InputError(f"{what} fit: needs 2 or more sizes with positive times, got {points}")
     train, held = split(points, rng)
     sizes = np.array([p[0] for p in train], dtype=float)
     times = np.array([p[2] for p in train], dtype=float)
     design = np.column_stack([np.ones_like(sizes), sizes]) / times[:, None]
     scale = np.abs(design).max(axis=0)
     coef, _ = nnls(design / scale, np.ones_like(times))
-    alpha_s, s_per_byte = (float(c) for c in coef / scale)
-    link = KvLink(alpha_s, s_per_byte)
+    fixed_s, slope_s = (float(c) for c in coef / scale)
 
-    def cost(num_bytes: float, _unused: int = 0) -> float:
-        return link.transfer_s(num_bytes)
-    return FitResult(cost, (), mape(cost, train), mape(cost, held), len(train), len(held), tuple(held), link)
+    def cost(size: float, _unused: int = 0) -> float:
+        return fixed_s + slope_s * size
+    return FitResult(cost, (), mape(cost, train), mape(cost, held), len(train), len(held), tuple(held)), (
+        fixed_s, slope_s)
 
 
 def _fit_piecewise(samples: Sequence[Sample], rng: np.random.Generator,

@@ -21,7 +21,7 @@ Curve = tuple[str, list[tuple[int, tuple[int, int], float]]]
 
 
 def plot_profile(points: Measurements, fits: dict[str, Any], title: str, out_dir: Path) -> list[Path]:
-    """``prefill.png``, ``decode.png`` and (when measured) ``kv.png`` in ``out_dir``:
+    """``prefill.png``, ``decode.png`` and (when measured) ``kv.png`` and ``remote.png`` in ``out_dir``:
     times in ms on log axes, measured points as markers (hollow: held out of the fit),
     the fit as a line through the same sizes. Returns the paths written."""
     prefill: dict[int, list] = {}
@@ -40,12 +40,47 @@ def plot_profile(points: Measurements, fits: dict[str, Any], title: str, out_dir
         kv = [(n, (n, 0), t) for n, _, t in medians([(p.bytes, 0, p.time_s) for p in points.kv])]
         paths.append(_plot([("prefill -> decode engine", kv)], fits["kv"], f"T_kv(bytes): {title}",
                            "KV bytes moved", out_dir / "kv.png"))
+    if fits["remote"] is not None:
+        paths.append(_plot_remote(points, fits["remote"], title, out_dir / "remote.png"))
     return paths
 
 
+def _plot_remote(points: Measurements, fits: dict[str, FitResult], title: str, path: Path) -> Path:
+    """The remote round's prefill request by tokens read, and its export and join,
+    into one PNG (``_plot`` per function would be three)."""
+    remote: dict[int, list] = {}
+    for h, n, t in medians([(p.read_tokens, p.new_tokens, p.prefill_s) for p in points.remote]):
+        remote.setdefault(h, []).append((n, (h, n), t))
+    export = [(h, (h, 0), t) for h, _, t in medians([(p.hist_tokens, 0, p.export_s) for p in points.remote
+                                                     if p.export_s is not None])]
+    join = [(n, (n, 0), t) for n, _, t in medians([(p.new_tokens, 0, p.join_s) for p in points.remote])]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), layout="constrained")
+    _draw(axes[0], [(f"history read {h} tokens", pts) for h, pts in sorted(remote.items())], fits["prefill"],
+          "prefill engine's request", "new tokens")
+    _draw(axes[1], [("export", export)], fits["export"], "history export (decode engine)", "history tokens")
+    _draw(axes[2], [("join", join)], fits["join"], "join (decode engine, to its first token)", "new tokens")
+    fig.suptitle(f"a remote round's engine requests: {title}", fontsize=11)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8)
+    return _save(fig, path)
+
+
 def _plot(curves: list[Curve], fit: FitResult, title: str, xlabel: str, path: Path) -> Path:
-    held = {(a, b) for a, b, _ in fit.held_out}
     fig, ax = plt.subplots(figsize=(8.5, 4.5), layout="constrained")
+    _draw(ax, curves, fit, title, xlabel)
+    fig.legend(loc="outside right upper", fontsize=8)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _draw(ax, curves: list[Curve], fit: FitResult, title: str, xlabel: str) -> None:
+    """Measured points (hollow: held out) and the fit through the same sizes, on log axes."""
+    held = {(a, b) for a, b, _ in fit.held_out}
     for i, (label, pts) in enumerate(curves):
         colour = f"C{i % 10}"
         pts = sorted(pts)
@@ -61,16 +96,13 @@ def _plot(curves: list[Curve], fit: FitResult, title: str, xlabel: str, path: Pa
     # Plain numbers on both axes: sizes as measured, times in ms (not 2^k or 6x10^1).
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_major_formatter(ScalarFormatter())
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    low, high = ax.get_ylim()
+    # Within one decade a log axis has no major tick: label the minor ones instead.
+    ax.yaxis.set_minor_formatter(NullFormatter() if high / low >= 10 else ScalarFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel("time (ms)")
     ax.set_title(f"{title}\nheld-out MAPE {100 * fit.held_out_mape:.1f} %, breakpoints {list(fit.breakpoints)}",
                  fontsize=10)
-    fig.legend(loc="outside right upper", fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def plot_sim_vs_real(real_runs: list[list[SessionRecord]], sim: list[SessionRecord], title: str, path: Path) -> Path:
@@ -99,7 +131,4 @@ def plot_sim_vs_real(real_runs: list[list[SessionRecord]], sim: list[SessionReco
         ax.set_title(f"per-round {name}", fontsize=10)
     fig.suptitle(f"sim vs real: {title}", fontsize=11)
     axes[1].legend(loc="upper left", fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

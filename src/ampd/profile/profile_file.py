@@ -6,12 +6,12 @@ Layout (``"format": "ampd.profile/1"``):
 - ``fingerprint``: each engine's served model, engine and version, KV block size and
   blocks, ``max_model_len``; the TP given; the KV connector seen; seed and grid;
 - ``points``: every measured point (``prefill``, ``decode``, ``kv``, ``mixed``,
-  ``overhead``);
+  ``overhead``, ``remote``);
 - ``fit_report``: per function, breakpoints, training and held-out MAPE, and what each
   time was measured by (engine counters or the client's clock);
 - ``perf_model``: an ``ampd.perf.alphabeta/2`` object (docs/PERF_MODEL.md) with the
-  measured KV link, KV capacity, KV bytes per token, batching and request overhead
-  where measured.
+  measured KV link, KV capacity, KV bytes per token, batching, request overhead and
+  remote path where measured.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ampd.perf.catalog import GpuSpec, ModelSpec
-from ampd.perf.measured import EngineBatching, Measured
+from ampd.perf.measured import EngineBatching, Measured, RemotePath
 from ampd.perf.model import AlphaBetaPerfModel
 from ampd.perf.topology import default_topology
 from ampd.profile.run import Measurements, ProfileGrid
@@ -40,6 +40,9 @@ MEASURED_BY = {
                 "without",
     "request_overhead": "client: time to the first streamed token of a 16-token prompt, less the engine's "
                         "vllm:time_to_first_token_seconds (median of the probes)",
+    "remote": "engine: vllm:time_to_first_token_seconds of each of a remote round's requests made as serving "
+              "makes them (history export on the decode engine, prefill reading it, decode engine's join); "
+              "the history read checked by the prefill engine's usage.prompt_tokens_details.cached_tokens",
 }
 
 
@@ -53,6 +56,9 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
     report["batching"] = fits["batching"]
     if fits["request_overhead_s"] is not None:
         report["request_overhead_s"] = fits["request_overhead_s"]
+    remote = fits["remote"]
+    if remote is not None:
+        report["remote"] = {name: fit.report() for name, fit in remote.items()}
     report["measured_by"] = MEASURED_BY
     blocks, block = decode_print.get("num_gpu_blocks"), decode_print.get("block_size_tokens")
     mode = fits["batching"]["mode"]
@@ -60,8 +66,11 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
                         kv_capacity_tokens={tp: blocks * block} if blocks and block else None,
                         kv_bytes_per_token=fits["kv_bytes_per_token"],
                         batching=None if mode == "unmeasured" else EngineBatching(mode, fits["batching"].get("chunk_tokens")),
-                        request_overhead_s=fits["request_overhead_s"])
+                        request_overhead_s=fits["request_overhead_s"],
+                        remote_path=None if remote is None else {tp: RemotePath(
+                            remote["export"].linear, remote["prefill"].cost, remote["join"].linear)})
     held_out = {name: report[name]["held_out_mape"] for name in ("prefill", "decode", "kv") if name in report}
+    held_out.update({f"remote_{name}": fit.held_out_mape for name, fit in (remote or {}).items()})
     perf = AlphaBetaPerfModel(model, gpu, default_topology(gpu), {tp: fits["prefill"].cost}, {tp: fits["decode"].cost},
                               {"source": "ampd profile", "held_out_mape": held_out}, measured)
     return {

@@ -5,8 +5,10 @@ What runs where: ``T_pre``, ``T_dec`` and the mixed batch on the decode engine (
 decode engine serves local prefills too, so it answers plain requests; a prefill
 engine behind a KV connector may not); ``T_kv`` from the prefill engine to the decode
 engine when a prefill engine is given; the serving path of one request on the decode
-engine (``ampd.profile.overhead_probe``). Probes run one at a time, never overlapping,
-so each engine-side reading belongs to one probe.
+engine (``ampd.profile.overhead_probe``); a remote round's three requests
+(``ampd.profile.remote_probe``) when the decode engine exports history to the prefill
+engine. Probes run one at a time, never overlapping, so each engine-side reading belongs
+to one probe.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from ampd.core.errors import InputError
 from ampd.profile.decode_probe import (DecodePoint, MixedPoint, chunk_budget_tokens, measure_decode,
                                       measure_mixed, search_chunk_budget)
 from ampd.profile.engine import ProbedEngine, connect
-from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_prefill_points
+from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_linear_points, fit_prefill_points
 from ampd.profile.kv_probe import KvPoint, measure_kv
 from ampd.profile.overhead_probe import OverheadPoint, measure_overhead
 from ampd.profile.prefill_probe import PrefillPoint, measure_prefill
+from ampd.profile.remote_probe import RemotePoint, exports_history, measure_remote
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class ProfileGrid:
             and the local prefill that joins them, tokens.
         overhead_probes: serving-path probes per repeat (their median is the
             profile's ``request_overhead_s``).
+        remote_hist_tokens, remote_new_tokens: the remote-round grid (every pair),
+            tokens; measured when the decode engine exports history.
         repeats: probes per grid point (their median is fitted).
         warmup: unmeasured probes first (first requests compile kernels, first
             transfers make the NIXL handshake).
@@ -68,6 +73,8 @@ class ProfileGrid:
     mixed_batch_size: int = 4
     mixed_new_tokens: int = 3072
     overhead_probes: int = 4
+    remote_hist_tokens: tuple[int, ...] = (0, 128, 512, 1024, 2048)
+    remote_new_tokens: tuple[int, ...] = (16, 64, 256, 1024)
     repeats: int = 3
     warmup: int = 2
     chunk_tokens: int | None = None
@@ -81,6 +88,24 @@ class ProfileGrid:
                 raise InputError(f"profile grid: {name} must be >= 1, got {getattr(self, name)}")
         if self.decode_output_tokens < 8:
             raise InputError(f"profile grid: decode_output_tokens must be >= 8, got {self.decode_output_tokens}")
+        for name, least in (("remote_hist_tokens", 0), ("remote_new_tokens", 1)):
+            sizes = getattr(self, name)
+            if not isinstance(sizes, tuple) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= least for n in sizes):
+                raise InputError(f"profile grid: {name} must be a tuple of integers >= {least}, got {sizes!r}")
+        # What fit_remote needs (_remote_fits): two sizes for each line, and history read and not.
+        if len({h for h in self.remote_hist_tokens if h > 0}) < 2 or 0 not in self.remote_hist_tokens:
+            raise InputError(f"profile grid: remote_hist_tokens must hold 0 and two or more histories, got "
+                             f"{self.remote_hist_tokens}")
+        if len(set(self.remote_new_tokens)) < 2:
+            raise InputError(f"profile grid: remote_new_tokens must hold two or more sizes, got "
+                             f"{self.remote_new_tokens}")
+
+
+def _remote_fits(hist_tokens, new_tokens) -> bool:
+    """Whether remote rounds of these sizes can be fitted (``fit_remote``): two histories
+    and no history, and two new-token sizes."""
+    return len({h for h in hist_tokens if h > 0}) >= 2 and 0 in hist_tokens and len(set(new_tokens)) >= 2
 
 
 @dataclass
@@ -92,10 +117,11 @@ class Measurements:
     kv: list[KvPoint] = dataclasses.field(default_factory=list)
     mixed: list[MixedPoint] = dataclasses.field(default_factory=list)
     overhead: list[OverheadPoint] = dataclasses.field(default_factory=list)
+    remote: list[RemotePoint] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, list[dict]]:
         return {name: [dataclasses.asdict(p) for p in getattr(self, name)]
-                for name in ("prefill", "decode", "kv", "mixed", "overhead")}
+                for name in ("prefill", "decode", "kv", "mixed", "overhead", "remote")}
 
 
 async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, seed: int,
@@ -111,7 +137,9 @@ async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, s
         prefill, prefill_print = await connect(prefill_url, client, rng) if prefill_url else (None, None)
         limit = int(decode_print.get("max_model_len") or 1 << 30)
         points = Measurements()
-        plan = _plan(grid, limit, decode, prefill)
+        if prefill is not None:
+            decode_print["exports_history"] = await exports_history(decode)
+        plan = _plan(grid, limit, decode, prefill, bool(decode_print.get("exports_history")))
         with tqdm(total=len(plan), desc="ampd profile", unit="probe", disable=not show_progress) as bar:
             for kind, probe, record in plan:
                 bar.set_postfix_str(kind)
@@ -122,10 +150,12 @@ async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, s
     return points, {"decode_engine": decode_print, "prefill_engine": prefill_print}
 
 
-def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None) -> list:
+def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None,
+          exports: bool) -> list:
     """``(kind, probe, record)`` in run order: warm-ups (not recorded) first, then each
     grid point ``repeats`` times, repeats of a point apart so a slow spell of the
-    machine does not hit all of them."""
+    machine does not hit all of them. Remote rounds when ``exports`` (the decode engine
+    hands history to ``prefill``)."""
     def pre(h: int, n: int):
         return lambda: measure_prefill(decode, h, n)
 
@@ -135,19 +165,28 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
     def kv(t: int):
         return lambda: measure_kv(prefill, decode, t)
 
+    def remote(h: int, n: int):
+        return lambda: measure_remote(prefill, decode, h, n)
+
     prefill_grid = [(h, n) for h in grid.hist_tokens for n in grid.new_tokens if h + n + 1 <= limit]
     decode_grid = [(b, p) for b in grid.batch_sizes for p in grid.decode_prompt_tokens
                    if p + grid.decode_output_tokens <= limit]
     kv_grid = [t for t in grid.kv_tokens if t + 1 <= limit] if prefill else []
+    remote_grid = [(h, n) for h in grid.remote_hist_tokens for n in grid.remote_new_tokens
+                   if h + n + 1 <= limit] if prefill and exports else []
+    if remote_grid and not _remote_fits(*zip(*remote_grid)):
+        remote_grid = []  # too few sizes fit the engine's max_model_len: the paper's stages, as without export
     if not prefill_grid or not decode_grid:
         raise InputError(f"profile grid: nothing fits the engine's max_model_len {limit}")
     plan = [("prefill", pre(*prefill_grid[-1]), False) for _ in range(grid.warmup)]
     plan += [("decode", dec(*decode_grid[0]), False) for _ in range(grid.warmup)]
     plan += [("kv", kv(kv_grid[0]), False) for _ in range(grid.warmup if kv_grid else 0)]
+    plan += [("remote", remote(*remote_grid[-1]), False) for _ in range(grid.warmup if remote_grid else 0)]
     for _ in range(grid.repeats):
         plan += [("prefill", pre(h, n), True) for h, n in prefill_grid]
         plan += [("decode", dec(b, p), True) for b, p in decode_grid]
         plan += [("kv", kv(t), True) for t in kv_grid]
+        plan += [("remote", remote(h, n), True) for h, n in remote_grid]
         plan += [("overhead", lambda: measure_overhead(decode), True) for _ in range(grid.overhead_probes)]
     mixed_prompt = min(grid.decode_prompt_tokens)
     mixed_new = min(grid.mixed_new_tokens, limit - 1)
@@ -167,8 +206,9 @@ def fit(points: Measurements, seed: int, known_chunk_tokens: int | None = None) 
     Returns:
         ``{"prefill": FitResult, "decode": FitResult, "kv": FitResult | None,
         "kv_bytes_per_token": int | None, "batching": dict, "request_overhead_s":
-        float | None}`` (the median serving path of the overhead probes, at
-        least 0; None without them).
+        float | None, "remote": dict | None}`` (the median serving path of the
+        overhead probes, at least 0, None without them; the remote round's fits
+        ``{"export", "prefill", "join"}``, None without remote probes).
 
     Raises:
         InputError: too few points to fit a function.
@@ -181,7 +221,21 @@ def fit(points: Measurements, seed: int, known_chunk_tokens: int | None = None) 
     # A median below 0 (the client's clock finer than the path) is no path: 0.
     overhead_s = max(0.0, statistics.median(p.overhead_s for p in points.overhead)) if points.overhead else None
     return {"prefill": prefill, "decode": decode, "kv": kv, "kv_bytes_per_token": bytes_per_token,
-            "batching": batching(points.mixed, known_chunk_tokens), "request_overhead_s": overhead_s}
+            "batching": batching(points.mixed, known_chunk_tokens), "request_overhead_s": overhead_s,
+            "remote": fit_remote(points.remote, rng) if points.remote else None}
+
+
+def fit_remote(points: list[RemotePoint], rng: np.random.Generator) -> dict[str, Any]:
+    """A remote round's fits: ``export`` (by history tokens), ``prefill`` (by tokens
+    read and computed) and ``join`` (by new tokens).
+
+    Raises:
+        InputError: too few distinct sizes to fit one of them.
+    """
+    return {"export": fit_linear_points([(p.hist_tokens, 0, p.export_s) for p in points if p.export_s is not None],
+                                        rng, "history export"),
+            "prefill": fit_prefill_points([(p.read_tokens, p.new_tokens, p.prefill_s) for p in points], rng),
+            "join": fit_linear_points([(p.new_tokens, 0, p.join_s) for p in points], rng, "decode join")}
 
 
 def decode_medians(points: list[DecodePoint]) -> dict[tuple[int, int], tuple[int, float]]:

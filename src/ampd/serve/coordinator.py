@@ -42,7 +42,8 @@ from ampd.serve.decision_log import DecisionLog
 from ampd.serve.decode_batch import REPORT_MAX_AGE_S, DecodeBatches
 from ampd.serve.delivery import RoundDelivery
 from ampd.serve.dispatch import PrefillDispatcher
-from ampd.serve.engine_client import PREFILL_SLOTS, READS_HISTORY, Chunk, EngineClient
+from ampd.core.engine_kinds import PREFILL_SLOTS, READS_HISTORY
+from ampd.serve.engine_client import Chunk, EngineClient
 from ampd.serve.expiry import IdleExpiry
 from ampd.serve.health import EngineHealth
 from ampd.serve.prompt_index import HistoryIndex, HistoryMatch

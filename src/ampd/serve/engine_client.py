@@ -10,16 +10,6 @@ from dataclasses import dataclass
 
 import httpx
 
-# What each engine kind can do (docs/SERVING.md, "Engine capabilities").
-# "vllm-nixl": vLLM with NixlConnector in bidirectional mode, whose prefill
-# engine reads a session's history KV from its decode engine (history_export.py).
-READS_HISTORY = {"mock": True, "vllm": False, "vllm-nixl": True}
-# How a prefill engine that reads history learns where it is: the mock engine from
-# hints in the request, a vllm-nixl one from the decode engine's export.
-EXPORTS_HISTORY = {"mock": False, "vllm": False, "vllm-nixl": True}
-PREFILL_SLOTS = {"mock": 2, "vllm": 1, "vllm-nixl": 1}
-ENGINE_KINDS = tuple(READS_HISTORY)
-
 
 class EngineError(Exception):
     """A call to an engine failed.

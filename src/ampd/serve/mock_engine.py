@@ -401,8 +401,9 @@ class MockEngine:
         self._decode_specs[spec_key] = decode_spec
         rnd, task = self._start(request, session_id, hist_tokens, spec_key)
         new_tokens = rnd.prompt_tokens - hist_tokens
-        rnd.kv_send_s = self.perf.kv_transfer_s(new_tokens, self.spec, decode_spec)
-        self.metrics.kv_xfer_time_s.observe(rnd.kv_send_s)
+        # The worker times the send by the same stage; the counter is the transfer's.
+        rnd.kv_send_s = self.perf.remote_stages_s(hist_tokens, new_tokens, self.spec, decode_spec).send_s
+        self.metrics.kv_xfer_time_s.observe(self.perf.kv_transfer_s(new_tokens, self.spec, decode_spec))
         self.metrics.kv_bytes.observe(new_tokens * self.perf.kv_bytes_per_token)
         rnd.kv_transfer_params = {"do_remote_prefill": True, "do_remote_decode": False,
                                   "ampd_prefill_worker": self.spec.worker_id, "ampd_prompt_tokens": rnd.prompt_tokens}

@@ -13,11 +13,11 @@ import asyncio
 import json
 import logging
 
+from ampd.core.engine_kinds import EXPORTS_HISTORY
 from ampd.core.view import ClusterView, QueuedTask
 from ampd.policy.routing import remote_prefill_s
 from ampd.serve.context import ReplicaContext
 from ampd.serve.dispatch import PrefillDispatcher
-from ampd.serve.engine_client import EXPORTS_HISTORY
 from ampd.serve.history_export import EXPORT_KEY, ExportRequest, kv_path
 from ampd.serve.mirror import StateMirror
 from ampd.serve.rounds import LiveRound, ServeError, engine_body

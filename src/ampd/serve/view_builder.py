@@ -9,7 +9,7 @@ from ampd.core.deployment import Role
 from ampd.core.view import ClusterView, WorkerView
 from ampd.perf.interface import PerfModel
 from ampd.serve.decode_batch import merged
-from ampd.serve.engine_client import READS_HISTORY
+from ampd.core.engine_kinds import READS_HISTORY
 from ampd.serve.store import QueueEntry, WorkerInfo, WorkerState
 
 

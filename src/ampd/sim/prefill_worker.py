@@ -9,7 +9,7 @@ from collections.abc import Callable
 from ampd.core.deployment import WorkerSpec
 from ampd.core.task import PrefillTask
 from ampd.core.view import QueuedTask, WorkerView
-from ampd.perf.interface import PerfModel
+from ampd.perf.interface import PerfModel, RemoteStages
 from ampd.policy.reorder import QueuePolicy, apply_order
 from ampd.policy.window import SlidingWindowMean
 from ampd.sim.engine import EventLoop
@@ -17,11 +17,16 @@ from ampd.sim.sink import RoundSink
 
 
 class SimPrefillWorker:
-    """One prefill replica, a two-stage pipeline: read history, then compute.
+    """One prefill replica, a two-stage pipeline: read history, then compute
+    (``perf.remote_stages_s``: the paper's KV read and ``T_pre``, or the engines'
+    export and prefill requests as a profile measured them).
 
     A task is dequeued (and the queue reordered) only when the read stage is free
     and no fetched task is waiting, i.e. at most one task ahead of the one
-    computing: the read is lazy, and it overlaps the compute in flight. When the
+    computing: the read is lazy, and it overlaps the compute in flight. Where the
+    profile measured the engines' requests (``perf.measured_remote_path``) the
+    export runs in the task's compute, as serving sends it from the worker's one
+    slot, and a task is dequeued only once the worker is free. When the
     compute ends, the new KV (``new_tokens``) travels back to the decode worker;
     ``after_s`` after its arrival comes the round's first token. The windowed TTFT
     counts the rounds this worker prefilled, at the time their first token arrives.
@@ -44,11 +49,15 @@ class SimPrefillWorker:
         self._fetching: QueuedTask | None = None
         self._fetched = False
         self._computing_until_s: float | None = None
+        self._lookahead = not perf.measured_remote_path(spec.tp)
+        self._stages: dict[tuple[str, int], RemoteStages] = {}
 
     def enqueue(self, task: PrefillTask) -> None:
         """Queue a prefill routed here (remote execution)."""
-        cost_s = self.perf.prefill_s(task.hist_tokens, task.new_tokens, self.spec.tp)
-        self.queue.append(QueuedTask(task, self.loop.now_s, cost_s))
+        stages = self.perf.remote_stages_s(task.hist_tokens, task.new_tokens, self.spec,
+                                           self.decode_spec(task.decode_worker))
+        self._stages[task.key] = stages
+        self.queue.append(QueuedTask(task, self.loop.now_s, stages.compute_s))
         self._advance()
 
     def view(self, now_s: float) -> WorkerView:
@@ -62,7 +71,7 @@ class SimPrefillWorker:
     def _advance(self) -> None:
         if self._computing_until_s is None and self._fetching is not None and self._fetched:
             self._start_compute()
-        if self._fetching is None and self.queue:
+        if self._fetching is None and self.queue and (self._lookahead or self._computing_until_s is None):
             self._start_read()
 
     def _start_read(self) -> None:
@@ -73,8 +82,7 @@ class SimPrefillWorker:
         self.queue = apply_order(self.queue, decision)
         self._fetching, self._fetched = self.queue.pop(0), False
         task = self._fetching.task
-        read_s = self.perf.kv_transfer_s(task.hist_tokens, self.decode_spec(task.decode_worker), self.spec)
-        self.loop.after(read_s, self._end_read)
+        self.loop.after(self._stages[task.key].read_s, self._end_read)
 
     def _end_read(self) -> None:
         self._fetched = True
@@ -88,8 +96,7 @@ class SimPrefillWorker:
 
     def _end_compute(self, task: PrefillTask) -> None:
         self._computing_until_s = None
-        send_s = self.perf.kv_transfer_s(task.new_tokens, self.spec, self.decode_spec(task.decode_worker))
-        self.loop.after(send_s + self.after_s, self._deliver, task)
+        self.loop.after(self._stages.pop(task.key).send_s + self.after_s, self._deliver, task)
         self._advance()
 
     def _deliver(self, task: PrefillTask) -> None:
