@@ -1,5 +1,6 @@
 """The simulator on tiny cases worked out by hand (times from tests/stub_perf.py)."""
 
+import dataclasses
 import random
 
 import pytest
@@ -154,8 +155,12 @@ def test_a_measured_remote_path_times_the_round_by_its_engine_requests():
     # The planner's queue times the same rounds alike (two such sessions 100 s apart).
     stream = build_stream([_measured_session("a", 0.0), _measured_session("b", 100.0)], itl_s=0.02,
                           local_share=0.0)
-    run = fcfs_ttft_s(_chains(stream, MeasuredPathStub(), 1, cross_server=False), 1)
-    assert run.ttft_s.tolist() == pytest.approx([0.34, 0.37, 0.34, 0.37])
+    chains = _chains(stream, MeasuredPathStub(), 1, cross_server=False)
+    assert fcfs_ttft_s(chains, 1).ttft_s.tolist() == pytest.approx([0.34, 0.37, 0.34, 0.37])
+    # Run on their decode replica the same rounds make no remote requests: the request's path
+    # and T_pre (1 ms per new token): 1.05 and 0.55 s.
+    local = dataclasses.replace(chains, remote=[False] * 4)
+    assert fcfs_ttft_s(local, 1).ttft_s.tolist() == pytest.approx([1.05, 0.55, 1.05, 0.55])
 
 
 def test_with_a_measured_remote_path_the_next_task_is_picked_when_the_worker_frees():

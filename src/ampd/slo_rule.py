@@ -60,8 +60,7 @@ def derive_slo(perf: PerfModel, sessions: list[Session]) -> SloThresholds:
         raise InputError("cannot derive SLO thresholds from an empty workload")
     tp = reference_tp(perf)
     prefills = [perf.prefill_s(s.history_tokens(i), r.input_tokens, tp) for s, i, r in _rounds(sessions)]
-    contexts = [s.history_tokens(i) + r.input_tokens + r.output_tokens / 2
-                for s in sessions for i, r in enumerate(s.rounds)]
+    contexts = [s.history_tokens(i) + r.input_tokens + r.output_tokens / 2 for s, i, r in _rounds(sessions)]
     mean_context = sum(contexts) / len(contexts)
     floor_s = 0.0
     if perf.measured_remote_path(tp):

@@ -46,7 +46,8 @@ class PerfModel(Protocol):
         """The serving path of one request to an engine: what it takes beyond the
         engine's own time to first token (HTTP legs, the API server's parsing,
         tokenising and streaming). A remote round makes two such requests (prefill
-        engine, then decode engine), a local round one. 0 where not measured."""
+        engine, then decode engine; three with a measured remote path's history
+        export, counted in ``remote_stages_s``), a local round one. 0 where not measured."""
 
     def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
         """``T_pre(l_hist, l_incr; tp)``: prefill ``new_tokens`` on top of ``hist_tokens``

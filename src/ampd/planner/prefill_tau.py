@@ -28,7 +28,9 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
 
     Each remote task's TTFT comes from the closed FCFS multi-server queue of
     ``queueing.fcfs_ttft_s``: read = ``T_kv(history)`` from the decode replica, compute =
-    ``T_pre(history, new; tp)``, send = ``T_kv(new)`` back. A local task takes its
+    ``T_pre(history, new; tp)``, send = ``T_kv(new)`` back (``perf.remote_stages_s``: where a
+    profile measured the engines' requests, no read ahead, the export and the prefill
+    request, the join). A local task takes its
     ``T_pre`` at ``tp`` unqueued (a prefill cell does not know the decode degree). The P95
     is over the remote tasks (``scope="strict"``, the paper's P95 latency), or over
     sessions of the mean TTFT of their remote rounds (``scope="mean"``, what mean-scope
@@ -83,11 +85,11 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
 def _chains(stream: NominalStream, perf: PerfModel, tp: int, cross_server: bool) -> PrefillChains:
     prefill = WorkerSpec(0, Role.PREFILL, tp, 0)
     decode = WorkerSpec(1, Role.DECODE, tp, 1 if cross_server else 0)
-    stages = [perf.remote_stages_s(h, x, prefill, decode)
-              for h, x in zip(stream.hist_tokens.tolist(), stream.new_tokens.tolist())]
+    sizes = list(zip(stream.hist_tokens.tolist(), stream.new_tokens.tolist()))
+    stages = [perf.remote_stages_s(h, x, prefill, decode) for h, x in sizes]
     return PrefillChains(stream.ready_s, [s.read_s for s in stages], [s.compute_s for s in stages],
                          [s.send_s for s in stages], stream.remote, stream.after_s, stream.next_task,
-                         perf.request_overhead_s)
+                         perf.request_overhead_s, [perf.prefill_s(h, x, tp) for h, x in sizes])
 
 
 def _p95_s(ttft_s: np.ndarray, session: np.ndarray, scope: str) -> float:

@@ -27,6 +27,9 @@ class PrefillChains:
         after_s: from a task's first token to its session's next round being ready:
             the rest of the round's decode, then the tool call.
         next_task: index of the session's next round, -1 after the last.
+        local_s: shape (m,), a task's prefill when it runs on its decode replica,
+            seconds (``T_pre``); None: ``compute_s`` (the two are one unless a profile
+            measured a remote round's requests, which a local task does not make).
         request_s: the serving path of one engine request (``perf.request_overhead_s``),
             seconds: a remote task reaches the prefill replica that long after it is
             ready and its first token comes that long after its KV (two requests; a
@@ -42,9 +45,12 @@ class PrefillChains:
     after_s: np.ndarray
     next_task: np.ndarray
     request_s: float = 0.0
+    local_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        for name in ("arrival_s", "read_s", "compute_s", "send_s", "after_s"):
+        if self.local_s is None:
+            object.__setattr__(self, "local_s", self.compute_s)
+        for name in ("arrival_s", "read_s", "compute_s", "send_s", "after_s", "local_s"):
             object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=np.float64))
         object.__setattr__(self, "remote", np.asarray(self.remote, dtype=np.bool_))
         object.__setattr__(self, "next_task", np.asarray(self.next_task, dtype=np.int64))
@@ -107,7 +113,7 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
         return QueueRun(np.zeros(0), False, np.zeros(0, dtype=bool))
     ttft_s, waited, local = _lindley(chains.arrival_s, chains.read_s, chains.compute_s, chains.send_s,
                                      chains.remote, chains.after_s, chains.next_task, chains.opening,
-                                     num_servers, local_above_s, chains.request_s)
+                                     num_servers, local_above_s, chains.request_s, chains.local_s)
     return QueueRun(ttft_s, bool(waited), local)
 
 
@@ -117,7 +123,7 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
 # bit on the 256-GPU stream (docs/PLANNER.md, "Planning time").
 @numba.njit(cache=True)
 def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, opening, num_servers,
-             local_above_s, request_s):
+             local_above_s, request_s, local_s):
     pending = [(arrival_s[t], t) for t in opening]
     heapq.heapify(pending)
     free_s = [-math.inf] * num_servers
@@ -139,7 +145,7 @@ def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, o
             heapq.heapreplace(free_s, end)
             first = end + send_s[t] + request_s
         else:
-            first = ready + request_s + compute_s[t]
+            first = ready + request_s + local_s[t]
         ttft_s[t] = first - ready
         if next_task[t] >= 0:
             heapq.heappush(pending, (first + after_s[t], next_task[t]))

@@ -93,12 +93,9 @@ class ProfileGrid:
             if not isinstance(sizes, tuple) or not all(
                     isinstance(n, int) and not isinstance(n, bool) and n >= least for n in sizes):
                 raise InputError(f"profile grid: {name} must be a tuple of integers >= {least}, got {sizes!r}")
-        # What fit_remote needs (_remote_fits): two sizes for each line, and history read and not.
-        if len({h for h in self.remote_hist_tokens if h > 0}) < 2 or 0 not in self.remote_hist_tokens:
-            raise InputError(f"profile grid: remote_hist_tokens must hold 0 and two or more histories, got "
-                             f"{self.remote_hist_tokens}")
-        if len(set(self.remote_new_tokens)) < 2:
-            raise InputError(f"profile grid: remote_new_tokens must hold two or more sizes, got "
+        if not _remote_fits(self.remote_hist_tokens, self.remote_new_tokens):
+            raise InputError(f"profile grid: remote_hist_tokens must hold 0 and two or more histories, and "
+                             f"remote_new_tokens two or more sizes; got {self.remote_hist_tokens} and "
                              f"{self.remote_new_tokens}")
 
 

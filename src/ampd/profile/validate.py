@@ -25,8 +25,7 @@ import httpx
 from ampd.config import EngineWorker, RunConfig, with_perf_model
 from ampd.core.errors import InputError
 from ampd.core.session import Round, Session
-from ampd.experiment import RunOutput, sessions_for, simulate
-from ampd.perf.perf_file import load_perf_model
+from ampd.experiment import RunOutput, perf_model_for, sessions_for, simulate
 from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.profile.engine_side import coordinator_phases, engine_side, snapshot_engines
 from ampd.profile.profile_file import profile_document, write
@@ -203,6 +202,6 @@ def _replay(config: RunConfig, hardware: RunConfig, sessions: list[Session], sim
         phases = coordinator_phases(coordinators_before, asyncio.run(snapshot_engines(cluster.urls)))
     prefill_tp = next((w.tp for w in workers if w.role == "prefill"), 1)
     side = engine_side([w.role for w in workers], before, after, run.sessions, sim.result.sessions,
-                       load_perf_model(config.cluster.perf_model), prefill_tp, history_read_min_tokens(config))
+                       perf_model_for(config), prefill_tp, history_read_min_tokens(config))
     return run, {**side, "coordinator_phases": phases}
 

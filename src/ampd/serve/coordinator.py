@@ -29,6 +29,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from ampd.core.deployment import Role
+from ampd.core.engine_kinds import PREFILL_SLOTS, READS_HISTORY
 from ampd.core.task import PrefillTask
 from ampd.core.view import ClusterView
 from ampd.perf.interface import PerfModel
@@ -42,7 +43,6 @@ from ampd.serve.decision_log import DecisionLog
 from ampd.serve.decode_batch import REPORT_MAX_AGE_S, DecodeBatches
 from ampd.serve.delivery import RoundDelivery
 from ampd.serve.dispatch import PrefillDispatcher
-from ampd.core.engine_kinds import PREFILL_SLOTS, READS_HISTORY
 from ampd.serve.engine_client import Chunk, EngineClient
 from ampd.serve.expiry import IdleExpiry
 from ampd.serve.health import EngineHealth

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ampd.core.deployment import Role
+from ampd.core.engine_kinds import READS_HISTORY
 from ampd.core.view import ClusterView, WorkerView
 from ampd.perf.interface import PerfModel
 from ampd.serve.decode_batch import merged
-from ampd.core.engine_kinds import READS_HISTORY
 from ampd.serve.store import QueueEntry, WorkerInfo, WorkerState
 
 

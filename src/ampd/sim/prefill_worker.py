@@ -1,6 +1,7 @@
 """A simulated prefill worker: a reordered queue, a lazy history read that overlaps
 the previous task's compute, and only the new KV sent back (AMPD.md section 3,
-step 3; DESIGN.md section 5)."""
+step 3; DESIGN.md section 5); or, where a profile measured a remote round's engine
+requests, those requests as serving sends them (docs/PROFILING.md)."""
 
 from __future__ import annotations
 
