@@ -20,7 +20,9 @@ import pytest
 
 from ampd.cli.main import main
 from ampd.core.session import Round, Session
+from ampd.perf.perf_file import load_perf_model
 from ampd.profile.validate import clip_to_context
+from hand_perf_file import write_hand_model
 from run_configs import write_run_config
 
 CLUSTER = {"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2, "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"}
@@ -80,6 +82,25 @@ def test_validate_on_mock_engines_matches_the_simulator_where_it_models_the_clus
     assert (tmp_path / "out" / "rounds-sim.csv").exists() and (tmp_path / "out" / "rounds-real-2.csv").exists()
     out = capsys.readouterr().out
     assert "real run 2 vs real run 1" in out and "where the gap lies" in out
+
+
+def test_profile_now_profiles_the_engines_of_a_configuration_that_names_a_profile(tmp_path):
+    # The mock engines run the named file's model (tests/hand_perf_file.py: a prefill is
+    # 10 ms + 0.1 ms per new token, so 1,000 new tokens take 0.11 s); --profile-now
+    # measures them again and the run is timed by what it measured, under the file's
+    # model and GPU (names the catalog does not have).
+    named = write_hand_model(tmp_path / "hand.json")
+    cluster = {"perf_model": str(named), "num_gpus": 2, "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"}
+    config = write_run_config(tmp_path / "named.toml", "ampd-predictive", cluster,
+                              {"name": "toolbench", "num_sessions": 3, "rate_per_s": 1.0}, SERVE)
+    out = tmp_path / "out"
+    code = main(["validate", "--config", str(config), "--profile-now", "--quick-profile", "--repeats", "1",
+                 "--quiet", "--out", str(out)])
+    assert code == 0
+    assert json.loads((out / "validate.json").read_text())["profile"] == str(out / "profile.json")
+    profiled = load_perf_model(out / "profile.json")
+    assert (profiled.model.name, profiled.gpu.name) == ("my-8b", "my-gpu")
+    assert profiled.prefill_s(0, 1000, 1) == pytest.approx(0.11, rel=0.05)
 
 
 def test_rounds_beyond_the_context_are_left_out_and_the_last_kept_round_calls_no_tool():

@@ -63,7 +63,7 @@ def cmd_validate(args: argparse.Namespace) -> None:
     out_dir = output_dir(args, "out/validate")
     grid = QUICK_GRID if args.quick_profile else ProfileGrid()
     result = validate(config, out_dir, args.repeats, args.vocab_size, args.timeout_s, args.max_model_len, grid,
-                      not args.quiet)
+                      not args.quiet, args.profile_now)
     table = Table(title=f"sim vs real: {config.system}, {config.cluster.deployment}, profile {result.profile_path}; "
                         f"{len(result.sim.result.sessions)} sessions ({result.clipped_rounds} rounds beyond "
                         f"max_model_len left out)")
@@ -113,6 +113,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_run_options(p)
     p.add_argument("--repeats", type=positive_int, default=2,
                    help="real runs (default 2: their spread is the yardstick for the errors)")
+    p.add_argument("--profile-now", action="store_true",
+                   help="profile the engines first even where the configuration or --perf-model names a profile "
+                        "(its model and GPU kept): on a host whose speed drifts, a profile of another hour times "
+                        "another machine (docs/PROFILING.md)")
     p.add_argument("--quick-profile", action="store_true", help="when profiling: ampd profile --quick's grid")
     p.add_argument("--max-model-len", type=positive_int, default=4096,
                    help="the engines' context limit; later rounds are left out of the trace (default 4096)")

@@ -26,6 +26,7 @@ from ampd.config import EngineWorker, RunConfig, with_perf_model
 from ampd.core.errors import InputError
 from ampd.core.session import Round, Session
 from ampd.experiment import RunOutput, perf_model_for, sessions_for, simulate
+from ampd.perf.perf_file import load_perf_model
 from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.profile.engine_side import coordinator_phases, engine_side, snapshot_engines
 from ampd.profile.profile_file import profile_document, write
@@ -111,7 +112,11 @@ def profile_config(config: RunConfig, out_dir: Path, grid: ProfileGrid, progress
         InputError: the cluster did not start (named part and log).
         ProbeError: an engine failed a probe.
     """
-    model, gpu = resolve_model(config.cluster.model), resolve_gpu(config.cluster.gpu)
+    if config.cluster.perf_model is not None:  # profiled again: the file says what runs
+        named = load_perf_model(config.cluster.perf_model)
+        model, gpu = named.model, named.gpu
+    else:
+        model, gpu = resolve_model(config.cluster.model), resolve_gpu(config.cluster.gpu)
     # The engines ampd starts run the configuration's token budget (vllm_launch, the
     # mock's decode worker): known, so not searched for.
     grid = dataclasses.replace(grid, chunk_tokens=config.policy.chunk_tokens)
@@ -124,15 +129,20 @@ def profile_config(config: RunConfig, out_dir: Path, grid: ProfileGrid, progress
 
 
 def validate(config: RunConfig, out_dir: Path, repeats: int, vocab_size: int, timeout_s: float,
-             max_context_tokens: int, grid: ProfileGrid, progress: bool = True) -> Validation:
-    """Profile (unless ``config`` names a perf model), simulate, replay ``repeats``
-    times, compare (see the module docstring).
+             max_context_tokens: int, grid: ProfileGrid, progress: bool = True,
+             profile_now: bool = False) -> Validation:
+    """Profile (unless ``config`` names a perf model and not ``profile_now``),
+    simulate, replay ``repeats`` times, compare (see the module docstring).
 
     Args:
         vocab_size: prompt ids are drawn below it (the engines' vocabulary).
         timeout_s: a round with no reply for this long (wall seconds) fails.
         max_context_tokens: the engines' ``max_model_len`` (rounds beyond it are left
             out of the trace, on both sides).
+        profile_now: profile the engines even where ``config`` names a perf model
+            (whose model and GPU specs the new profile keeps): a profile taken at
+            another time times another machine where the host's speed drifts
+            (docs/PROFILING.md, "Sim vs real").
 
     Raises:
         InputError: ``repeats`` < 1, a trace with nothing that fits, or any error of
@@ -141,7 +151,7 @@ def validate(config: RunConfig, out_dir: Path, repeats: int, vocab_size: int, ti
     if repeats < 1:
         raise InputError(f"validate: repeats must be >= 1, got {repeats}")
     hardware = config
-    if config.cluster.perf_model is None:
+    if config.cluster.perf_model is None or profile_now:
         config = with_perf_model(config, str(profile_config(config, out_dir, grid, progress)))
     sessions, clipped = clip_to_context(sessions_for(config), max_context_tokens)
     if not sessions:
