@@ -15,6 +15,7 @@ simulated one or more."""
 
 import csv
 import json
+import os
 
 import pytest
 
@@ -79,6 +80,11 @@ def test_validate_on_mock_engines_matches_the_simulator_where_it_models_the_clus
                      if row["local"] == "False"]
         assert sum(v for k, v in remote.items() if k.endswith("_s")) <= sum(waits) / len(waits)
         assert remote["prefill_s"] >= side["ttft_prefill_engine_s"]
+        # Who used the cores: every part of the cluster and the client, named as
+        # LocalCluster names them; the coordinator served every round, so it used some.
+        assert set(side["cpu_per_wall_s"]) == {"redis", "coordinator-0", "engine-0-prefill", "engine-1-decode",
+                                               "client"}
+        assert side["cpu_per_wall_s"]["coordinator-0"] > 0 and side["cpu_count"] == os.cpu_count()
     assert (tmp_path / "out" / "rounds-sim.csv").exists() and (tmp_path / "out" / "rounds-real-2.csv").exists()
     out = capsys.readouterr().out
     assert "real run 2 vs real run 1" in out and "where the gap lies" in out

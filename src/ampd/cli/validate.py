@@ -90,6 +90,10 @@ def cmd_validate(args: argparse.Namespace) -> None:
             engines.add_row(f"TTFT of a {route} round, coordinator's {name} phase (ms)",
                             *(_engine_cell(side["coordinator_phases"].get(route, {f"{name}_s": None}), f"{name}_s", 1e3)
                               for side in result.engine_side))
+    parts = sorted({name for side in result.engine_side for name in side["cpu_per_wall_s"]})
+    for name in parts:  # who used the host's cores while the run was served
+        engines.add_row(f"CPU of {name}, seconds per wall second ({result.engine_side[0]['cpu_count']} cores)",
+                        *(f"{side['cpu_per_wall_s'].get(name, 0.0):.2f}" for side in result.engine_side))
     print_table(engines)
     failed = sum(len(run.failed) for run in result.runs)
     write_json(out_dir / "validate.json", {

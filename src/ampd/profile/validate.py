@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from ampd.core.session import Round, Session
 from ampd.experiment import RunOutput, perf_model_for, sessions_for, simulate
 from ampd.perf.perf_file import load_perf_model
 from ampd.perf.resolve import resolve_gpu, resolve_model
+from ampd.profile.cpu_use import cpu_seconds, cpu_share
 from ampd.profile.engine_side import coordinator_phases, engine_side, snapshot_engines
 from ampd.profile.profile_file import profile_document, write
 from ampd.profile.run import ProfileGrid, fit, measure
@@ -61,7 +64,10 @@ class Validation:
         engine_side: ``ampd.profile.engine_side.engine_side`` per repeat: the
             engines' own counters against the simulator and the client, with
             ``coordinator_phases`` (``engine_side.coordinator_phases``): the
-            coordinators' TTFT phases, where the rest of the gap lies.
+            coordinators' TTFT phases, where the rest of the gap lies; and
+            ``cpu_per_wall_s`` (``ampd.profile.cpu_use.cpu_share``): each part's
+            CPU seconds per wall second of the run (``client``: this process),
+            beside ``cpu_count``, the host's cores.
         clipped_rounds: rounds left out of the trace because their context would
             exceed the engines' ``max_model_len``.
     """
@@ -204,14 +210,23 @@ def _replay(config: RunConfig, hardware: RunConfig, sessions: list[Session], sim
             _first_contact(config, workers, model, vocab_size)
         before = asyncio.run(snapshot_engines([w.url for w in workers]))
         coordinators_before = asyncio.run(snapshot_engines(cluster.urls))
+        cpu_before, started_s = _cpu_seconds(cluster), time.monotonic()
         run = asyncio.run(replay(cluster.urls[0], sessions, model=model, clock=ScaledClock(config.serve.time_scale),
                                  ttft_slo_s=sim.slo.ttft_s, itl_slo_s=sim.slo.itl_s, scope=config.slo.scope,
                                  vocab_size=vocab_size, seed=seed, timeout_s=timeout_s, progress=progress,
                                  plan=sim.plan))
+        cpu = cpu_share(cpu_before, _cpu_seconds(cluster), time.monotonic() - started_s)
         after = asyncio.run(snapshot_engines([w.url for w in workers]))
         phases = coordinator_phases(coordinators_before, asyncio.run(snapshot_engines(cluster.urls)))
     prefill_tp = next((w.tp for w in workers if w.role == "prefill"), 1)
     side = engine_side([w.role for w in workers], before, after, run.sessions, sim.result.sessions,
                        perf_model_for(config), prefill_tp, history_read_min_tokens(config))
-    return run, {**side, "coordinator_phases": phases}
+    return run, {**side, "coordinator_phases": phases, "cpu_per_wall_s": cpu, "cpu_count": os.cpu_count()}
+
+
+def _cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds so far of each part of ``cluster`` (its processes and theirs) and
+    of this process, the client (``ampd.profile.cpu_use``)."""
+    return {**cpu_seconds({child.name: child.process.pid for child in cluster.children}),
+            **cpu_seconds({"client": os.getpid()}, tree=False)}
 
