@@ -5,7 +5,7 @@ one decode server with NixlConnector, Redis, one coordinator) on the same trace,
 (profile, simulate, replay).
 
 Why profile here rather than load bench/bench_profile.py's file: this VM's speed moves
-by 2 to 4 times between hours (a join, a flat cost, was fitted at 32.7 ms by one
+by 2 to 5 times between hours (a join, a flat cost, was fitted at 32.7 ms by one
 profile and at 15.2 ms by another five hours later, docs/PROFILING.md), so a profile
 taken at another time times a different machine; only a profile and real runs side by side in one run compare the
 simulator with the engines. The profile used is kept as

@@ -9,8 +9,8 @@ HotpotQA, 8 x H20), on two deployments:
 - ``prefill-bound``, ``P:<TP=4,DP=1> D:<TP=4,DP=1>``: the deployment of the
   development runs that set the credit (docs/SIMULATOR.md): one prefill replica, so
   remote prefills queue and local ones are what keeps TTFT;
-- ``decode-bound``, ``P:<TP=2,DP=3> D:<TP=2,DP=1>``: the deployment the search chose
-  for ``pd-disagg`` (``bench/results/reproduce_summary.json``): one decode replica whose
+- ``decode-bound``, ``P:<TP=2,DP=3> D:<TP=2,DP=1>``: ``pd-disagg``'s deployment in
+  ``bench/results/planner_capacity.json`` (capacity 4.30 there): one decode replica whose
   step nears the ITL threshold as the batch grows, so a forecast at today's step
   overstates tomorrow's slack.
 
@@ -19,7 +19,10 @@ tokens, the default) and without (0), each at the deployment's rates (attainment
 verdict, P95 TTFT and ITL, local share), and each one's capacity (sessions/s at
 >= 90 % steady-state attainment).
 
-Run: ``python bench/bench_slo_credit.py`` (about 10 minutes on one core) ->
+Rates: around the development runs' 3.09 sessions/s (docs/SIMULATOR.md) and around
+``pd-disagg``'s 4.30 [our choice: one below, one at, one above each].
+
+Run: ``python bench/bench_slo_credit.py`` (under a minute of simulation here) ->
 ``bench/results/slo_credit.json``.
 """
 

@@ -53,11 +53,18 @@ from ampd.profile.remote_probe import measure_remote  # noqa: E402
 from ampd.profile.scrape import INTER_TOKEN_LATENCY, ProbeError, delta, scrape, settled  # noqa: E402
 from ampd.serve.vllm_launch import ServerSpec  # noqa: E402
 
-HOGS = 1  # of the machine's 2 cores
+# [our choice] One hog of the machine's 2 cores: what the coordinator and the client could take
+# at most; three alternations, so a drift of the machine hits every condition.
+HOGS = 1
 ROUNDS = 3
-SIZES = ((256, 32), (1024, 32), (1024, 512), (2048, 256))  # (history, new tokens) of the profile's grid
+# [our choice] (history, new tokens) spanning the served rounds' sizes (ToolBench-like: histories
+# of a few hundred to a few thousand tokens, short and long new turns), 3 repeats each, and the
+# serving path probed 6 times a condition (its median kept, as the profile keeps it).
+SIZES = ((256, 32), (1024, 32), (1024, 512), (2048, 256))
 REPEATS = 3
 OVERHEAD_PROBES = 6
+# [our choice] A batch of 8 on 1,024-token prompts: the profile's T_dec grid's middle batch and its
+# longest prompt, 256 tokens each (the profile's decode output), twice a condition.
 DECODE_BATCH, DECODE_PROMPT_TOKENS, DECODE_OUTPUT_TOKENS, DECODE_REPEATS = 8, 1024, 256, 2
 CONDITIONS = ("idle", "cpu-hog", "prefill-busy", "remote-rounds")
 PROBED = ("idle", "cpu-hog")  # where the remote-round probes run (the others would queue behind them)
@@ -93,6 +100,7 @@ async def _background(condition: str, prefill: ProbedEngine, decode: ProbedEngin
 
 async def _condition(condition: str, prefill: ProbedEngine, decode: ProbedEngine, load: tuple[ProbedEngine, ...],
                      round_index: int) -> dict:
+    """One condition's measurements (a row of the result), its load running around them."""
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
              for _ in range(HOGS if condition == "cpu-hog" else 0)]
     stop = asyncio.Event()

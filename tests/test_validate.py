@@ -15,7 +15,6 @@ simulated one or more."""
 
 import csv
 import json
-import os
 
 import pytest
 
@@ -84,7 +83,7 @@ def test_validate_on_mock_engines_matches_the_simulator_where_it_models_the_clus
         # LocalCluster names them; the coordinator served every round, so it used some.
         assert set(side["cpu_per_wall_s"]) == {"redis", "coordinator-0", "engine-0-prefill", "engine-1-decode",
                                                "client"}
-        assert side["cpu_per_wall_s"]["coordinator-0"] > 0 and side["cpu_count"] == os.cpu_count()
+        assert side["cpu_per_wall_s"]["coordinator-0"] > 0
     assert (tmp_path / "out" / "rounds-sim.csv").exists() and (tmp_path / "out" / "rounds-real-2.csv").exists()
     out = capsys.readouterr().out
     assert "real run 2 vs real run 1" in out and "where the gap lies" in out
@@ -104,6 +103,7 @@ def test_profile_now_profiles_the_engines_of_a_configuration_that_names_a_profil
                  "--quiet", "--out", str(out)])
     assert code == 0
     assert json.loads((out / "validate.json").read_text())["profile"] == str(out / "profile.json")
+    assert json.loads((out / "profile.json").read_text())["points"]["prefill"]  # measured, not copied
     profiled = load_perf_model(out / "profile.json")
     assert (profiled.model.name, profiled.gpu.name) == ("my-8b", "my-gpu")
     assert profiled.prefill_s(0, 1000, 1) == pytest.approx(0.11, rel=0.05)

@@ -67,7 +67,7 @@ class Validation:
             coordinators' TTFT phases, where the rest of the gap lies; and
             ``cpu_per_wall_s`` (``ampd.profile.cpu_use.cpu_share``): each part's
             CPU seconds per wall second of the run (``client``: this process),
-            beside ``cpu_count``, the host's cores.
+            beside ``cpu_count``, the cores this process may run on.
         clipped_rounds: rounds left out of the trace because their context would
             exceed the engines' ``max_model_len``.
     """
@@ -112,10 +112,13 @@ def engine_urls(config: RunConfig) -> tuple[str | None, str]:
 
 def profile_config(config: RunConfig, out_dir: Path, grid: ProfileGrid, progress: bool) -> Path:
     """Start the configuration's cluster, profile its engines, write
-    ``out_dir/profile.json``; the path.
+    ``out_dir/profile.json``; the path. The profile names the model and GPU of
+    ``config``'s perf model file when it has one (profiled again), else the
+    configuration's catalog entries or spec files.
 
     Raises:
-        InputError: the cluster did not start (named part and log).
+        InputError: the cluster did not start (named part and log), or the named
+            perf model file or model/GPU cannot be read (named).
         ProbeError: an engine failed a probe.
     """
     if config.cluster.perf_model is not None:  # profiled again: the file says what runs
@@ -221,7 +224,7 @@ def _replay(config: RunConfig, hardware: RunConfig, sessions: list[Session], sim
     prefill_tp = next((w.tp for w in workers if w.role == "prefill"), 1)
     side = engine_side([w.role for w in workers], before, after, run.sessions, sim.result.sessions,
                        perf_model_for(config), prefill_tp, history_read_min_tokens(config))
-    return run, {**side, "coordinator_phases": phases, "cpu_per_wall_s": cpu, "cpu_count": os.cpu_count()}
+    return run, {**side, "coordinator_phases": phases, "cpu_per_wall_s": cpu, "cpu_count": len(os.sched_getaffinity(0))}
 
 
 def _cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
