@@ -43,17 +43,19 @@ MODEL_CONFIG = ROOT / "tests" / "data" / "hf_configs" / "tiny-llama" / "config.j
 SEED = 0
 
 
-def nixl_connector() -> NixlConnector:
-    """What ``ampd up`` gives a ``vllm-nixl`` engine (configs/serve_vllm_nixl_cpu.toml)."""
-    return NixlConnector(free_port(), load_failure_policy="fail", bidirectional=True, decoder_kv_blocks_ttl_s=120,
-                         ucx_tls="tcp")
+def nixl_pair(model_dir: Path) -> dict[str, ServerSpec]:
+    """A prefill and a decode server of the tiny model with what ``ampd up`` gives a
+    ``vllm-nixl`` engine (configs/serve_vllm_nixl_cpu.toml), on free ports."""
+    return {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(),
+                             connector=NixlConnector(free_port(), load_failure_policy="fail", bidirectional=True,
+                                                     decoder_kv_blocks_ttl_s=120, ucx_tls="tcp"),
+                             served_model_name=MODEL_NAME) for role in ("prefill", "decode")}
 
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ampd-bench-profile-"))
     model_dir = tiny_model(work)
-    specs = {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(),
-                              connector=nixl_connector(), served_model_name=MODEL_NAME) for role in ("prefill", "decode")}
+    specs = nixl_pair(model_dir)
     grid = ProfileGrid(chunk_tokens=specs["decode"].max_num_batched_tokens)
     with running(specs, work):
         start_s = time.perf_counter()

@@ -42,16 +42,15 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_profile import nixl_connector  # noqa: E402
+from bench_profile import nixl_pair  # noqa: E402
 from common import write_result  # noqa: E402
-from redis_server import free_port  # noqa: E402
-from vllm_servers import MODEL_NAME, VLLM_PYTHON, running, tiny_model  # noqa: E402
+from vllm_servers import running, tiny_model  # noqa: E402
 
+from ampd.profile.decode_probe import warm_batch  # noqa: E402
 from ampd.profile.engine import ProbedEngine, connect  # noqa: E402
 from ampd.profile.overhead_probe import measure_overhead  # noqa: E402
 from ampd.profile.remote_probe import measure_remote  # noqa: E402
 from ampd.profile.scrape import INTER_TOKEN_LATENCY, ProbeError, delta, scrape, settled  # noqa: E402
-from ampd.serve.vllm_launch import ServerSpec  # noqa: E402
 
 # [our choice] One hog of the machine's 2 cores: what the coordinator and the client could take
 # at most; three alternations, so a drift of the machine hits every condition.
@@ -73,9 +72,7 @@ SEED = 0
 
 async def _decode_itl_s(decode: ProbedEngine) -> float:
     """Mean inter-token latency of one steady batch, seconds (engine counter)."""
-    prompts = [(decode.unique_prompt(DECODE_PROMPT_TOKENS), decode.new_session()) for _ in range(DECODE_BATCH)]
-    for prompt, session in prompts:  # prefilled first, so the batch decodes alone
-        await decode.complete(prompt, 1, session)
+    prompts = await warm_batch(decode, DECODE_BATCH, DECODE_PROMPT_TOKENS)
     before = await scrape(decode.client, decode.url)
     await asyncio.gather(*(decode.complete(p, DECODE_OUTPUT_TOKENS, s) for p, s in prompts))
     (after,) = await settled(decode.client, [before], INTER_TOKEN_LATENCY,
@@ -147,8 +144,7 @@ async def _measure(prefill_url: str, decode_url: str) -> list[dict]:
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ampd-bench-contention-"))
     model_dir = tiny_model(work)
-    specs = {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(),
-                              connector=nixl_connector(), served_model_name=MODEL_NAME) for role in ("prefill", "decode")}
+    specs = nixl_pair(model_dir)
     start_s = time.perf_counter()
     with running(specs, work):
         rows = asyncio.run(_measure(specs["prefill"].url, specs["decode"].url))

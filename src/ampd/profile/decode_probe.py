@@ -91,7 +91,14 @@ class MixedPoint:
     num_prefill_steps: int
 
 
-async def _warm(engine: ProbedEngine, batch_size: int, prompt_tokens: int) -> list[tuple[list[int], str]]:
+async def warm_batch(engine: ProbedEngine, batch_size: int, prompt_tokens: int) -> list[tuple[list[int], str]]:
+    """``batch_size`` fresh prompts of ``prompt_tokens`` prefilled one by one (one
+    token each), so that sent again together they decode as one batch with no
+    prefill among them: the (prompt, session) pairs.
+
+    Raises:
+        ProbeError: a request failed.
+    """
     prompts = [(engine.unique_prompt(prompt_tokens), engine.new_session()) for _ in range(batch_size)]
     for prompt, session in prompts:
         await engine.complete(prompt, 1, session)
@@ -105,7 +112,7 @@ async def measure_decode(engine: ProbedEngine, batch_size: int, prompt_tokens: i
     Raises:
         ProbeError: a request failed, or the engine does not report decode times.
     """
-    prompts = await _warm(engine, batch_size, prompt_tokens)
+    prompts = await warm_batch(engine, batch_size, prompt_tokens)
     before = await scrape(engine.client, engine.url)
     await asyncio.gather(*(engine.complete(p, output_tokens, s) for p, s in prompts))
     (after,) = await settled(engine.client, [before], DECODE_TIME, batch_size, _SETTLE_TIMEOUT_S)
@@ -119,7 +126,7 @@ async def _batch_run(engine: ProbedEngine, batch_size: int, prompt_tokens: int, 
                      new_tokens: int | None) -> tuple[Snapshot, Snapshot]:
     """``(before, after)`` snapshots around one batch, with a local prefill of
     ``new_tokens`` sent once a stream has a quarter of its tokens."""
-    prompts = await _warm(engine, batch_size, prompt_tokens)
+    prompts = await warm_batch(engine, batch_size, prompt_tokens)
     before = await scrape(engine.client, engine.url)
     quarter = asyncio.Event()
     streams = [asyncio.create_task(engine.stream(p, output_tokens, s, quarter, output_tokens // 4)) for p, s in prompts]
