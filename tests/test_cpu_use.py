@@ -12,17 +12,23 @@ import pytest
 
 from ampd.profile.cpu_use import cpu_seconds, cpu_share
 
-# A process that burns CPU until its own clock reads BURN_S, writes that reading to a
-# file, and sleeps; with an argument it first starts a copy of itself (the grandchild).
+# A process that burns 0.3 s of CPU by its own clock, writes that reading to a file and
+# sleeps. With "spawn" it first starts a copy of itself (the grandchild), which stays
+# alive; with "reap" the copy writes its reading and exits, and is waited for (its CPU
+# then counts in its parent's children times) before the process burns its own.
 _BURNER = """
 import subprocess, sys, time
-out, spawn = sys.argv[1], len(sys.argv) > 2
-child = subprocess.Popen([sys.executable, __file__, out + ".child"]) if spawn else None
+out, mode = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
+if mode:
+    child = subprocess.Popen([sys.executable, __file__, out + ".child"] + (["exit"] if mode == "reap" else []))
+    if mode == "reap":
+        child.wait()
 while time.process_time() < 0.3:
     pass
 with open(out, "w") as f:
     f.write(repr(time.process_time()))
-time.sleep(120)
+if mode != "exit":
+    time.sleep(120)
 """
 
 
@@ -34,14 +40,17 @@ def _wait_for(*paths):
     return [float(p.read_text()) for p in paths]
 
 
-def test_a_part_counts_its_process_and_the_processes_below_it(tmp_path):
+@pytest.mark.parametrize("mode", ["spawn", "reap"])
+def test_a_part_counts_its_process_and_the_processes_below_it(tmp_path, mode):
+    # spawn: the grandchild is alive and read itself; reap: it has exited and is read in
+    # its parent's children times. Either way the part holds both burns.
     script = tmp_path / "burn.py"
     script.write_text(_BURNER)
     out = tmp_path / "used"
-    child = subprocess.Popen([sys.executable, str(script), str(out), "spawn"])
+    child = subprocess.Popen([sys.executable, str(script), str(out), mode])
     try:
         own, grandchild = _wait_for(out, tmp_path / "used.child")
-        # Both have stopped burning (they sleep): the kernel's counters hold still, to its
+        # Both have stopped burning (asleep or gone): the kernel's counters hold still, to its
         # 10 ms tick.
         tree = cpu_seconds({"part": child.pid})
         alone = cpu_seconds({"part": child.pid}, tree=False)
