@@ -28,8 +28,6 @@ from ampd.config import EngineWorker, RunConfig, with_perf_model
 from ampd.core.errors import InputError
 from ampd.core.session import Round, Session
 from ampd.experiment import RunOutput, perf_model_for, sessions_for, simulate
-from ampd.perf.perf_file import load_perf_model
-from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.profile.cpu_use import cpu_seconds, cpu_share
 from ampd.profile.engine_side import coordinator_phases, engine_side, snapshot_engines
 from ampd.profile.profile_file import profile_document, write
@@ -121,11 +119,9 @@ def profile_config(config: RunConfig, out_dir: Path, grid: ProfileGrid, progress
             perf model file or model/GPU cannot be read (named).
         ProbeError: an engine failed a probe.
     """
-    if config.cluster.perf_model is not None:  # profiled again: the file says what runs
-        named = load_perf_model(config.cluster.perf_model)
-        model, gpu = named.model, named.gpu
-    else:
-        model, gpu = resolve_model(config.cluster.model), resolve_gpu(config.cluster.gpu)
+    # A configuration that names a perf model file is profiled again under the file's model and GPU.
+    named = perf_model_for(config)
+    model, gpu = named.model, named.gpu
     # The engines ampd starts run the configuration's token budget (vllm_launch, the
     # mock's decode worker): known, so not searched for.
     grid = dataclasses.replace(grid, chunk_tokens=config.policy.chunk_tokens)
