@@ -9,13 +9,19 @@ and one decode server, as bench_profile.py starts them). Four conditions, altern
   (both engines computing at once, no transfer);
 - ``remote-rounds``: remote rounds back to back as serving makes them
   (``ampd.profile.remote_probe``: the decode engine's exports, the prefill engine's NIXL
-  reads of the history, the decode engine's joins and their NIXL reads).
+  reads of the history, the decode engine's joins and their NIXL reads);
+- ``decode-busy``: the decode engine streams a steady batch (the profile's serving load,
+  ``ampd.profile.decode_load``), as it does for the other sessions while serving makes a
+  remote round.
 
-Measured in each: a decode batch's mean inter-token latency (``DECODE_BATCH``
-sequences of ``DECODE_PROMPT_TOKENS``, the engine's ``vllm:inter_token_latency_seconds``;
-the background's one-token requests add no sample); in ``idle`` and ``cpu-hog`` also
-the profile's probes of a remote round (``ampd.profile.remote_probe``) and of one
-request's serving path (``ampd.profile.overhead_probe``).
+Measured in each but ``decode-busy``: a decode batch's mean inter-token latency
+(``DECODE_BATCH`` sequences of ``DECODE_PROMPT_TOKENS``, the engine's
+``vllm:inter_token_latency_seconds``; the background's one-token requests add no
+sample). In ``idle``, ``cpu-hog`` and ``decode-busy`` also the profile's probes of a
+remote round (``ampd.profile.remote_probe``) and of one request's serving path
+(``ampd.profile.overhead_probe``). Under ``decode-busy`` a probe counts only when it ran
+wholly inside one batch's streaming (``DecodeLoad.inside``), so the decode engine's
+first-token counter holds the probe's requests alone.
 
 Why: ``bench/results/sim_vs_real.json`` finds the engines slower under serving than the
 same-run profile (the decode engine's ITL 5.4-6.4 ms against 4.0), while the coordinator
@@ -29,6 +35,7 @@ Run: ``python bench/bench_vllm_contention.py`` (starts and stops its two servers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -46,10 +53,12 @@ from bench_profile import nixl_pair  # noqa: E402
 from common import write_result  # noqa: E402
 from vllm_servers import running, tiny_model  # noqa: E402
 
+from ampd.profile.decode_load import DecodeLoad  # noqa: E402
 from ampd.profile.decode_probe import warm_batch  # noqa: E402
 from ampd.profile.engine import ProbedEngine, connect  # noqa: E402
 from ampd.profile.overhead_probe import measure_overhead  # noqa: E402
 from ampd.profile.remote_probe import measure_remote  # noqa: E402
+from ampd.profile.run import ProfileGrid  # noqa: E402
 from ampd.profile.scrape import INTER_TOKEN_LATENCY, ProbeError, delta, scrape, settled  # noqa: E402
 
 # [our choice] One hog of the machine's 2 cores: what the coordinator and the client could take
@@ -65,8 +74,11 @@ OVERHEAD_PROBES = 6
 # [our choice] A batch of 8 on 1,024-token prompts: the profile's T_dec grid's middle batch and its
 # longest prompt, 256 tokens each (the profile's decode output), twice a condition.
 DECODE_BATCH, DECODE_PROMPT_TOKENS, DECODE_OUTPUT_TOKENS, DECODE_REPEATS = 8, 1024, 256, 2
-CONDITIONS = ("idle", "cpu-hog", "prefill-busy", "remote-rounds")
-PROBED = ("idle", "cpu-hog")  # where the remote-round probes run (the others would queue behind them)
+# The background batch of ``decode-busy``: the profile's serving load (ProfileGrid's defaults).
+LOAD = ProfileGrid()
+CONDITIONS = ("idle", "cpu-hog", "prefill-busy", "remote-rounds", "decode-busy")
+PROBED = ("idle", "cpu-hog", "decode-busy")  # where the remote-round probes run (the others would queue behind them)
+ITL_MEASURED = ("idle", "cpu-hog", "prefill-busy", "remote-rounds")  # decode-busy's own batch would join the load
 SEED = 0
 
 
@@ -103,13 +115,22 @@ async def _condition(condition: str, prefill: ProbedEngine, decode: ProbedEngine
     stop = asyncio.Event()
     loader = (asyncio.create_task(_background(condition, *load, stop))
               if condition in ("prefill-busy", "remote-rounds") else None)
+    decode_load = (DecodeLoad(load[1], LOAD.serving_load_batch, LOAD.serving_load_prompt_tokens,
+                              LOAD.serving_load_output_tokens) if condition == "decode-busy" else None)
+
+    async def probe(make):
+        return await (decode_load.inside(make) if decode_load is not None else make())
     try:
         await asyncio.sleep(1.0)
-        row = {"round": round_index, "condition": condition,
-               "decode_itl_s": statistics.mean([await _decode_itl_s(decode) for _ in range(DECODE_REPEATS)])}
+        row = {"round": round_index, "condition": condition}
+        if condition in ITL_MEASURED:
+            row["decode_itl_s"] = statistics.mean([await _decode_itl_s(decode) for _ in range(DECODE_REPEATS)])
         if condition in PROBED:
-            points = [await measure_remote(prefill, decode, h, n) for _ in range(REPEATS) for h, n in SIZES]
-            overheads = [(await measure_overhead(decode)).overhead_s for _ in range(OVERHEAD_PROBES)]
+            async with decode_load.running(decode) if decode_load is not None else contextlib.nullcontext():
+                points = [await probe(lambda h=h, n=n: measure_remote(prefill, decode, h, n))
+                          for _ in range(REPEATS) for h, n in SIZES]
+                overheads = [(await probe(lambda: measure_overhead(decode))).overhead_s
+                             for _ in range(OVERHEAD_PROBES)]
             row.update({"export_mean_s": statistics.mean(p.export_s for p in points),
                         "prefill_mean_s": statistics.mean(p.prefill_s for p in points),
                         "join_mean_s": statistics.mean(p.join_s for p in points),
@@ -157,6 +178,8 @@ def main() -> None:
         "sizes": [list(s) for s in SIZES], "repeats": REPEATS, "rounds": ROUNDS,
         "decode_batch": {"batch_size": DECODE_BATCH, "prompt_tokens": DECODE_PROMPT_TOKENS,
                          "output_tokens": DECODE_OUTPUT_TOKENS, "repeats": DECODE_REPEATS},
+        "decode_load": {"batch_size": LOAD.serving_load_batch, "prompt_tokens": LOAD.serving_load_prompt_tokens,
+                        "output_tokens": LOAD.serving_load_output_tokens},
         "rows": rows, "mean_by_condition": by_condition,
         "over_idle": {c: {k: v / idle[k] for k, v in means.items()} for c, means in by_condition.items()},
         "wall_s": time.perf_counter() - start_s})

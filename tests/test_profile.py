@@ -69,12 +69,31 @@ def test_the_profile_recovers_the_mocks_cost_model_within_5_percent(alternate_pr
     assert prints["decode_engine"]["num_gpu_blocks"] == perf.kv_capacity_tokens(1)
 
 
+def test_the_serving_path_is_timed_under_a_decode_load_each_reading_its_own_request(alternate_profile):
+    # GRID's serving load: the mock decode engine streams 4 sequences while the serving-path
+    # probes run. The engine pauses its batch for a prefill (alternate) once the step in
+    # flight ends, so a probe's TTFT is its own 16-token prefill plus at most one step of the
+    # load's batch (its context at most 4 x (512 + 1,000) tokens). Another request's first
+    # token in the reading (the load's warm-ups, a 512-token prefill each) would exceed that.
+    (points, _, _), perf = alternate_profile
+    load = GRID.serving_load_batch
+    prefill_s = perf.prefill_s(0, PROBE_PROMPT_TOKENS, 1)
+    step_s = perf.decode_step_s(load, load * (GRID.serving_load_prompt_tokens + GRID.serving_load_output_tokens), 1)
+    assert load == 4 and len(points.overhead) == GRID.overhead_probes
+    for point in points.overhead:
+        assert prefill_s - 1e-9 <= point.engine_ttft_s <= prefill_s + step_s
+    # The load was there: a probe meets a step in flight (on an idle engine the TTFT is the
+    # prefill exactly, test_the_serving_path_of_a_request_is_what_the_client_waits_beyond...).
+    assert max(point.engine_ttft_s for point in points.overhead) > prefill_s * 1.01
+
+
 def test_a_decode_engine_that_pauses_for_a_local_prefill_is_told_apart_from_one_that_chunks(alternate_profile):
     (_, _, fits), _ = alternate_profile
     assert fits["batching"]["mode"] == "alternate"
     assert fits["batching"]["num_probes"] == 1  # one step at the largest size: nothing to search
     grid = ProfileGrid(hist_tokens=(0,), new_tokens=(64, 256, 1024), batch_sizes=(1, 2, 4), decode_prompt_tokens=(128,),
-                       kv_tokens=(), repeats=1, warmup=0, decode_output_tokens=64)
+                       kv_tokens=(), repeats=1, warmup=0, decode_output_tokens=64,
+                       serving_load_batch=0)  # the batching alone: no serving path under load
     # Slowed to 2 wall s per model s: a chunk's extra ~40 ms of wall time stands well
     # above the jitter of a busy machine.
     decode = create_app(EngineOptions(Role.DECODE, 1, 1, batching="chunked", chunk_tokens=512,
@@ -130,6 +149,8 @@ def test_a_budget_the_engine_was_started_with_is_taken_when_the_probe_sees_chunk
     assert batching([probe(3072, 7), probe(1536, 4), probe(504, 1)])["chunk_tokens_from"] == "search"
     with pytest.raises(InputError, match="chunk_tokens"):
         ProfileGrid(chunk_tokens=4)
+    with pytest.raises(InputError, match="serving_load_batch"):
+        ProfileGrid(serving_load_batch=-1)
 
 
 def test_breakpoints_are_found_where_the_slope_changes():
@@ -178,9 +199,12 @@ def test_a_remote_rounds_requests_are_fitted_each_by_its_own_sizes():
 def test_ampd_profile_writes_a_profile_and_its_plots(tmp_path, capsys):
     with _mock_pair() as (p, d, perf):
         code = main(["profile", "--decode-url", d, "--prefill-url", p, "--model", "Llama-3.1-8B", "--gpu", "H100-SXM",
-                     "--quick", "--quiet", "--out", str(tmp_path)])
+                     "--quick", "--serving-load-batch", "2", "--quiet", "--out", str(tmp_path)])
     assert code == 0
     doc = json.loads((tmp_path / "profile.json").read_text())
+    # The serving path was timed under a decode load of 2 streams, and the profile says so.
+    assert doc["fingerprint"]["grid"]["serving_load_batch"] == 2 and QUICK_GRID.serving_load_batch == 0
+    assert "streamed 2 other sequences" in doc["fit_report"]["measured_by"]["request_overhead"]
     assert doc["format"] == "ampd.profile/1"
     assert doc["perf_model"]["format"] == "ampd.perf.alphabeta/2"
     assert doc["perf_model"]["kv_capacity_tokens"] == {"1": perf.kv_capacity_tokens(1)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ampd.cli.options import output_dir, positive_int
+from ampd.cli.options import non_negative_int, output_dir, positive_int
 from ampd.cli.tables import fit_table, print_table
 from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.profile.plots import plot_profile
@@ -13,10 +13,12 @@ from ampd.profile.profile_file import profile_document, write
 from ampd.profile.run import ProfileGrid, run
 
 # [our choice] --quick: a grid a mock engine answers in seconds and a tiny model on 2
-# CPU cores in about a minute; enough points for every fit, one repeat.
+# CPU cores in about a minute; enough points for every fit, one repeat, on idle engines
+# (no serving load: its batches' warm-ups would be most of a quick profile).
 QUICK_GRID = ProfileGrid(hist_tokens=(0, 512), new_tokens=(32, 128, 512, 2048), batch_sizes=(1, 4, 8),
                          decode_prompt_tokens=(128, 512), kv_tokens=(256, 1024, 2048),
-                         remote_hist_tokens=(0, 256, 1024), remote_new_tokens=(32, 512), repeats=1, warmup=1)
+                         remote_hist_tokens=(0, 256, 1024), remote_new_tokens=(32, 512), repeats=1, warmup=1,
+                         serving_load_batch=0)
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
@@ -27,6 +29,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
         grid = dataclasses.replace(grid, repeats=args.repeats)
     if args.max_num_batched_tokens is not None:
         grid = dataclasses.replace(grid, chunk_tokens=args.max_num_batched_tokens)
+    if args.serving_load_batch is not None:
+        grid = dataclasses.replace(grid, serving_load_batch=args.serving_load_batch)
     points, fingerprints, fits = run(args.decode_url, args.prefill_url, grid, args.seed, not args.quiet)
     document = profile_document(points, fingerprints, fits, model, gpu, args.tp, grid, args.seed)
     path = write(document, out_dir / "profile.json")
@@ -66,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-batched-tokens", type=positive_int,
                    help="the decode engine's token budget per step, as it was started with (vLLM does not report "
                         "it); default: searched for with mixed probes, which a noisy machine can mislead")
+    p.add_argument("--serving-load-batch", type=non_negative_int,
+                   help="sequences the decode engine streams while a remote round's requests and the serving path "
+                        "are timed, as under serving (default 4; 0 with --quick; 0: an idle engine)")
     p.add_argument("--seed", type=int, default=0, help="prompts and the held-out split (default 0)")
     p.add_argument("--out", help="output folder (default out/profile)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

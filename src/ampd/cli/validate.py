@@ -8,7 +8,8 @@ import dataclasses
 
 from rich.table import Table
 
-from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_float, positive_int
+from ampd.cli.options import (add_run_options, config_from_args, non_negative_int, output_dir, positive_float,
+                              positive_int)
 from ampd.cli.profile import QUICK_GRID
 from ampd.cli.tables import print_table
 from ampd.metrics.report import round_rows, write_csv, write_json
@@ -62,6 +63,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
     config, _ = config_from_args(args)
     out_dir = output_dir(args, "out/validate")
     grid = QUICK_GRID if args.quick_profile else ProfileGrid()
+    if args.serving_load_batch is not None:
+        grid = dataclasses.replace(grid, serving_load_batch=args.serving_load_batch)
     result = validate(config, out_dir, args.repeats, args.vocab_size, args.timeout_s, args.max_model_len, grid,
                       not args.quiet, args.profile_now)
     table = Table(title=f"sim vs real: {config.system}, {config.cluster.deployment}, profile {result.profile_path}; "
@@ -122,6 +125,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(its model and GPU kept): on a host whose speed drifts, a profile of another hour times "
                         "another machine (docs/PROFILING.md)")
     p.add_argument("--quick-profile", action="store_true", help="when profiling: ampd profile --quick's grid")
+    p.add_argument("--serving-load-batch", type=non_negative_int,
+                   help="when profiling: ampd profile --serving-load-batch (default 4; 0 with --quick-profile)")
     p.add_argument("--max-model-len", type=positive_int, default=4096,
                    help="the engines' context limit; later rounds are left out of the trace (default 4096)")
     p.add_argument("--vocab-size", type=positive_int, default=DEFAULT_VOCAB_SIZE,

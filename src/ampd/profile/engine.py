@@ -33,6 +33,8 @@ class ProbedEngine:
         client: the HTTP client every probe uses.
         rng: draws unique prompts (seeded by the caller: a profile repeats exactly).
         request_timeout_s: how long one request may take before the probe fails.
+        finished_requests: requests through this handle that the engine finished (each
+            adds one observation to its per-request histograms).
     """
 
     url: str
@@ -40,6 +42,7 @@ class ProbedEngine:
     client: httpx.AsyncClient
     rng: np.random.Generator
     request_timeout_s: float = 300.0
+    finished_requests: int = 0
     _sessions: int = field(default=0, repr=False)
 
     def unique_prompt(self, num_tokens: int) -> list[int]:
@@ -77,6 +80,7 @@ class ProbedEngine:
             raise ProbeError(f"{self.url}/v1/completions: {exc!r}") from None
         if reply.status_code != 200:
             raise ProbeError(f"{self.url}/v1/completions: HTTP {reply.status_code}: {reply.text[:300]}")
+        self.finished_requests += 1
         return reply.json()
 
     async def stream(self, prompt: list[int], max_tokens: int, session: str, reached: asyncio.Event | None = None,
@@ -103,6 +107,7 @@ class ProbedEngine:
             raise ProbeError(f"{self.url}/v1/completions (stream): {exc!r}") from None
         if received < max_tokens:
             raise ProbeError(f"{self.url}: a stream of {max_tokens} tokens ended after {received}")
+        self.finished_requests += 1
         return received
 
 def _chunk_tokens(line: str) -> int:

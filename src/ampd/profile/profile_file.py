@@ -59,7 +59,11 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
     remote = fits["remote"]
     if remote is not None:
         report["remote"] = {name: fit.report() for name, fit in remote.items()}
-    report["measured_by"] = MEASURED_BY
+    report["measured_by"] = dict(MEASURED_BY)
+    if grid.serving_load_batch:
+        for name in ("request_overhead", "remote"):
+            report["measured_by"][name] += (f"; while the decode engine streamed {grid.serving_load_batch} other "
+                                            f"sequences, as under serving (ampd.profile.decode_load)")
     blocks, block = decode_print.get("num_gpu_blocks"), decode_print.get("block_size_tokens")
     mode = fits["batching"]["mode"]
     measured = Measured(kv_link=fits["kv"].link if fits["kv"] is not None else None,

