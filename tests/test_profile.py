@@ -18,12 +18,14 @@ from ampd.cli.profile import QUICK_GRID
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.perf.perf_file import load_perf_model
+from ampd.profile.decode_load import DecodeLoad
 from ampd.profile.decode_probe import MixedPoint, chunk_budget_tokens
-from ampd.profile.engine import connect
+from ampd.profile.engine import ProbedEngine, connect
 from ampd.profile.overhead_probe import PROBE_PROMPT_TOKENS, measure_overhead
 from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, split
 from ampd.profile.remote_probe import RemotePoint
 from ampd.profile.run import ProfileGrid, batching, fit_remote, run
+from ampd.profile.scrape import ProbeError
 from ampd.serve.mock_engine import EngineOptions, create_app
 
 # [our choice] Half speed: a 48-token decode probe lasts about half a wall second, long
@@ -85,6 +87,32 @@ def test_the_serving_path_is_timed_under_a_decode_load_each_reading_its_own_requ
     # The load was there: a probe meets a step in flight (on an idle engine the TTFT is the
     # prefill exactly, test_the_serving_path_of_a_request_is_what_the_client_waits_beyond...).
     assert max(point.engine_ttft_s for point in points.overhead) > prefill_s * 1.01
+
+
+def test_a_decode_load_that_cannot_run_fails_the_probe_waiting_on_it_instead_of_hanging():
+    # The load's warm-up requests go to a port nobody listens on: the probe waiting for the
+    # load to stream is told why, and never runs.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    ran = []
+
+    async def probe():
+        ran.append(1)
+
+    async def attempt():
+        async with httpx.AsyncClient() as client:
+            load = DecodeLoad(ProbedEngine(url, "m", client, np.random.default_rng(0)), 2, 16, 32)
+            task = asyncio.create_task(load._run())
+            try:
+                return await load.inside(probe)
+            finally:
+                task.cancel()
+
+    with pytest.raises(ProbeError, match="the decode load failed"):
+        asyncio.run(attempt())
+    assert not ran
 
 
 def test_a_decode_engine_that_pauses_for_a_local_prefill_is_told_apart_from_one_that_chunks(alternate_profile):

@@ -73,7 +73,7 @@ class DecodeLoad:
                         task.cancel()
                     self.batches += 1
                     self._streaming.clear()
-        except ProbeError as exc:  # the engine failed the load: the probes waiting on it must hear
+        except Exception as exc:  # noqa: BLE001 -- whatever ended the load, the probes waiting on it must hear, not hang
             self._failure = exc
             self._streaming.set()
 
@@ -81,7 +81,7 @@ class DecodeLoad:
         """``probe()``'s result from a run inside one batch's streaming (module docstring).
 
         Raises:
-            ProbeError: the load's own requests failed, or ``PROBE_TRIES`` runs each
+            ProbeError: the load failed (its own requests, say), or ``PROBE_TRIES`` runs each
                 straddled two batches or failed (the last failure's message).
         """
         last = "every run straddled two batches"
