@@ -90,27 +90,24 @@ def test_the_serving_path_is_timed_under_a_decode_load_each_reading_its_own_requ
 
 
 def test_a_decode_load_that_cannot_run_fails_the_probe_waiting_on_it_instead_of_hanging():
-    # The load's warm-up requests go to a port nobody listens on: the probe waiting for the
-    # load to stream is told why, and never runs.
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
+    # An engine that answers /metrics but fails every completion: the load's warm-up
+    # requests fail, and the probe waiting for the load to stream is told why, never run.
+    def engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text="")
+        return httpx.Response(500, text="engine down")
     ran = []
 
     async def probe():
         ran.append(1)
 
     async def attempt():
-        async with httpx.AsyncClient() as client:
-            load = DecodeLoad(ProbedEngine(url, "m", client, np.random.default_rng(0)), 2, 16, 32)
-            task = asyncio.create_task(load._run())
-            try:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
+            load = DecodeLoad(ProbedEngine("http://engine", "m", client, np.random.default_rng(0)), 2, 16, 32)
+            async with load.running():
                 return await load.inside(probe)
-            finally:
-                task.cancel()
 
-    with pytest.raises(ProbeError, match="the decode load failed"):
+    with pytest.raises(ProbeError, match="the decode load failed: .*HTTP 500: engine down"):
         asyncio.run(attempt())
     assert not ran
 
