@@ -80,6 +80,22 @@ def test_a_measured_remote_path_replaces_the_papers_read_prefill_and_send():
     assert json.loads(measured.to_json())["remote_path"] == REMOTE_PATH
 
 
+def test_a_remote_paths_own_serving_paths_replace_the_plain_requests_in_its_stages():
+    # The same remote path, its requests' serving paths timed: export 7 ms, prefill request
+    # 12 ms, join 3 ms, against the plain request's 5 ms that the simulator and the router
+    # add for the prefill request and the join on their own.
+    timed = {"1": {**REMOTE_PATH["1"], "paths_s": {"export": 0.007, "prefill": 0.012, "join": 0.003}}}
+    measured = _from({**hand_model(), "remote_path": timed})
+    # compute: export 7 + 20 + 1 ms, prefill request 30 + 20 + 10 ms and its 12 - 5 ms beyond a
+    # plain request; send: the join 25 + 1 ms and its 3 - 5 ms.
+    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.028 + 0.06 + 0.007, 0.026 - 0.002))
+    assert measured.remote_request_paths_s(1) == (0.007, 0.012, 0.003)
+    # Without them (an older profile) each is the plain request's.
+    assert _from({**hand_model(), "remote_path": REMOTE_PATH}).remote_request_paths_s(1) == (0.005,) * 3
+    assert AlphaBetaPerfModel.from_json(measured.to_json()) == measured
+    assert json.loads(measured.to_json())["remote_path"] == timed
+
+
 def test_a_catalog_build_is_written_in_v2_with_full_specs_and_read_back_identical():
     h20 = build_perf_model("Llama-3.1-8B", "H20", tps=(1, 2))
     data = json.loads(h20.to_json())
@@ -130,6 +146,13 @@ def _without(data: dict, section: str, key: str) -> dict:
     (lambda d: d.update(remote_path={"1": {**REMOTE_PATH["1"], "join": {"fixed_s": 32.6, "s_per_token": 0}}}),
      "remote_path.1.join.fixed_s: 32.6 s is more than 10 s"),
     (lambda d: d.update(remote_path={"01": REMOTE_PATH["1"]}), "remote_path: key '01' is not a TP degree"),
+    (lambda d: d.update(remote_path={"1": {**REMOTE_PATH["1"], "paths_s": {"export": 0.007, "prefill": 0.012}}}),
+     "remote_path.1.paths_s: missing 'join'"),
+    (lambda d: d.update(remote_path={"1": {**REMOTE_PATH["1"], "paths_s": {"export": 0.007, "prefill": -0.001,
+                                                                            "join": 0.003}}}),
+     "remote_path.1.paths_s.prefill: expected a finite number >= 0"),
+    (lambda d: d.update(remote_path={"1": {**REMOTE_PATH["1"], "paths_s": {"export": 0.007, "prefill": 0.012, "join": 30}}}),
+     "remote_path.1.paths_s.join: 30 s is more than 10 s"),
     (lambda d: _without(d, "model", "hidden_size"), "model: missing 'hidden_size'"),
     (lambda d: d["model"].update(num_layers="32"), "model.num_layers: expected an integer > 0"),
     (lambda d: d["model"].update(active_params=9_000_000_000), "model.active_params: 9000000000 is more than params"),

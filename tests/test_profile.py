@@ -24,7 +24,7 @@ from ampd.profile.engine import ProbedEngine, connect
 from ampd.profile.overhead_probe import PROBE_PROMPT_TOKENS, measure_overhead
 from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, split
 from ampd.profile.remote_probe import RemotePoint
-from ampd.profile.run import ProfileGrid, batching, fit_remote, run
+from ampd.profile.run import ProfileGrid, batching, fit_remote, remote_paths_s, run
 from ampd.profile.scrape import ProbeError
 from ampd.serve.mock_engine import EngineOptions, create_app
 
@@ -212,13 +212,26 @@ def test_a_remote_rounds_requests_are_fitted_each_by_its_own_sizes():
     # Points made from known functions: export 20 ms + 1 us per history token, the prefill
     # request 30 ms + 0.2 ms per new token + 10 us per history token read, join 25 ms +
     # 10 us per new token; every grid point, exact. Each fit gives its function back.
-    points = [RemotePoint(h, h, n, 0.02 + 1e-6 * h if h else None, 0.03 + 2e-4 * n + 1e-5 * h, 0.025 + 1e-5 * n)
+    points = [RemotePoint(h, h, n, 0.02 + 1e-6 * h if h else None, 0.03 + 2e-4 * n + 1e-5 * h, 0.025 + 1e-5 * n,
+                          0.004 if h else None, 0.009, 0.005)
               for h in (0, 128, 512, 1024, 2048) for n in (16, 64, 256, 1024)]
     fits = fit_remote(points, np.random.default_rng(0))
     assert (fits["export"].linear.fixed_s, fits["export"].linear.s_per_token) == pytest.approx((0.02, 1e-6))
     assert (fits["join"].linear.fixed_s, fits["join"].linear.s_per_token) == pytest.approx((0.025, 1e-5))
     assert fits["prefill"].cost(1000, 100) == pytest.approx(0.03 + 0.02 + 0.01, rel=1e-3)
     assert all(fit.held_out_mape < 1e-3 for fit in fits.values())
+
+
+def test_a_remote_rounds_serving_paths_are_each_requests_median_over_the_probes():
+    # Export paths 4, 5 and 40 ms (a stall), and a first round with none: 5 ms. Prefill
+    # request 11, 9, 10, 12 ms: 10.5 ms. Join -1, -1, 2, 3 ms (the client's clock coarser
+    # than the path): 0.5 ms.
+    times = [(0.004, 0.011, -0.001), (0.005, 0.009, -0.001), (0.040, 0.010, 0.002), (None, 0.012, 0.003)]
+    points = [RemotePoint(0 if export is None else 512, 0, 64, None if export is None else 0.01, 0.03, 0.02,
+                          export, prefill, join) for export, prefill, join in times]
+    assert remote_paths_s(points) == pytest.approx((0.005, 0.0105, 0.0005))
+    # The first three's join paths -1, -1, 2 ms: a median below 0 is no path.
+    assert remote_paths_s(points[:3]).join == 0.0
 
 
 def test_ampd_profile_writes_a_profile_and_its_plots(tmp_path, capsys):

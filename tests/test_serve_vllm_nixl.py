@@ -395,3 +395,6 @@ def test_the_profiles_remote_round_probe_reads_the_whole_history_and_computes_on
     # boundary: 320 tokens), keeping the history's from its cache.
     assert decode["vllm:nixl_bytes_transferred_sum"] == KV_BYTES_PER_BLOCK * new_tokens // BLOCK_TOKENS
     assert point.export_s > 0 and point.prefill_s > 0 and point.join_s > 0
+    # The engine's clock starts after its API server took each request in and stops before
+    # the reply leaves: the client waited longer, by each request's serving path.
+    assert point.export_path_s > 0 and point.prefill_path_s > 0 and point.join_path_s > 0

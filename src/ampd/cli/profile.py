@@ -48,7 +48,11 @@ def cmd_profile(args: argparse.Namespace) -> None:
              if mode["mode"] == "chunked" else ""))
     if fits["request_overhead_s"] is not None:
         print(f"serving path of one engine request: {1000 * fits['request_overhead_s']:.1f} ms "
-              f"(beyond the engine's own TTFT; a remote round makes two, three with a history export)")
+              f"(beyond the engine's own TTFT)")
+    if fits["remote_paths_s"] is not None:
+        paths = fits["remote_paths_s"]
+        print(f"serving path of a remote round's requests: export {1000 * paths.export:.1f} ms, prefill "
+              f"{1000 * paths.prefill:.1f} ms, join {1000 * paths.join:.1f} ms")
     print(f"profile in {path} (use it with --perf-model {path}); plots: {', '.join(p.name for p in plots)}")
 
 

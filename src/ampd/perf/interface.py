@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol
 
 from ampd.core.deployment import WorkerSpec
+from ampd.perf.measured import RequestPaths
 
 
 class RemoteStages(NamedTuple):
@@ -15,8 +16,8 @@ class RemoteStages(NamedTuple):
         read_s: the lazy history read, before the compute: the part of the task
             that may overlap the prefill worker's previous task.
         compute_s: the time the task holds the prefill worker.
-        send_s: from the compute's end to the decode engine's first token, less the
-            decode request's serving path.
+        send_s: from the compute's end to the decode engine's first token, less a
+            plain request's serving path (``PerfModel.request_overhead_s``).
     """
 
     read_s: float
@@ -46,8 +47,9 @@ class PerfModel(Protocol):
         """The serving path of one request to an engine: what it takes beyond the
         engine's own time to first token (HTTP legs, the API server's parsing,
         tokenising and streaming). A remote round makes two such requests (prefill
-        engine, then decode engine; three with a measured remote path's history
-        export, counted in ``remote_stages_s``), a local round one. 0 where not measured."""
+        engine, then decode engine), a local round one; the simulator and the router
+        add this for each. A measured remote path's history export, and its requests'
+        own paths beyond this, are in ``remote_stages_s``. 0 where not measured."""
 
     def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
         """``T_pre(l_hist, l_incr; tp)``: prefill ``new_tokens`` on top of ``hist_tokens``
@@ -71,6 +73,11 @@ class PerfModel(Protocol):
     def measured_remote_path(self, tp: int) -> bool:
         """Whether a profile measured a remote round's engine requests at TP ``tp`` (then
         ``remote_stages_s`` of two workers of that TP are those requests)."""
+
+    def remote_request_paths_s(self, tp: int) -> RequestPaths:
+        """The serving path of each of a remote round's engine requests (export, prefill,
+        join) at TP ``tp``, seconds: as a profile timed them, else each
+        ``request_overhead_s``."""
 
     def kv_capacity_tokens(self, tp: int) -> int:
         """KV tokens one replica of ``tp`` GPUs can hold: GPU memory minus weights

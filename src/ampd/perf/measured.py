@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ampd.core.errors import AmpdError, InputError
 from ampd.perf.alphabeta import PrefillCost
@@ -25,6 +26,9 @@ MAX_REQUEST_OVERHEAD_S = 10.0
 # How a decode engine runs a local prefill among its decode steps (``ampd.sim.decode_worker.Batching``
 # documents each): AMPD's decode workers (alternate), vLLM V0 (prefill-first), vLLM V1 (chunked).
 BATCHING_MODES = ("alternate", "prefill-first", "chunked")
+
+# A remote round's engine requests (``RemotePath``), in the order serving makes them.
+REQUEST_NAMES = ("export", "prefill", "join")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +65,32 @@ class LinearCost:
         return self.fixed_s + self.s_per_token * tokens
 
 
+class RequestPaths(NamedTuple):
+    """The serving path of each of a remote round's three engine requests, as serving makes
+    them: what each takes beyond the engine's own time to first token, seconds (>= 0;
+    medians of the probes, ``ampd.profile.remote_probe``). They differ from a plain
+    request's (``Measured.request_overhead_s``): the prefill engine's reply carries the
+    KV connector's parameters back, and each is timed on engines busy as serving keeps them.
+
+    Attributes:
+        export: the history export's, on the decode engine.
+        prefill: the prefill engine's request's.
+        join: the decode engine's join's.
+    """
+
+    export: float
+    prefill: float
+    join: float
+
+
 @dataclass(frozen=True, slots=True)
 class RemotePath:
     """A remote round's engine requests as serving makes them on engines whose KV connector
     reads a session's history from its decode engine (vLLM's bidirectional NixlConnector,
     engine kind ``vllm-nixl``; docs/SERVING.md "The KV path on NIXL"), each the engine's own
     time to first token for it (``vllm:time_to_first_token_seconds``, measured by
-    ``ampd.profile.remote_probe``; each request's serving path is ``request_overhead_s``).
+    ``ampd.profile.remote_probe``) and, where the profile timed them, each request's
+    serving path (``paths_s``; else each is ``request_overhead_s``).
 
     Attributes:
         export: the history export, by history tokens: a one-token request to the decode
@@ -76,11 +99,14 @@ class RemotePath:
             history over the connector (none in a first round) and computes the new tokens.
         join: the decode engine's request, by new tokens: it reads the new KV and
             computes the first token.
+        paths_s: each request's serving path, seconds; None in a profile that did not
+            time them (then each is a plain request's, ``request_overhead_s``).
     """
 
     export: LinearCost
     prefill: PrefillCost
     join: LinearCost
+    paths_s: RequestPaths | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +178,7 @@ def measured_to_dict(measured: Measured) -> dict:
     if measured.request_overhead_s is not None:
         out["request_overhead_s"] = measured.request_overhead_s
     if measured.remote_path is not None:
-        out["remote_path"] = {str(tp): {"export": _linear_to_dict(path.export), "prefill": path.prefill.to_dict(),
-                                        "join": _linear_to_dict(path.join)}
-                              for tp, path in sorted(measured.remote_path.items())}
+        out["remote_path"] = {str(tp): _remote_path_to_dict(path) for tp, path in sorted(measured.remote_path.items())}
     return out
 
 
@@ -222,6 +246,23 @@ def _linear(field: str, value: object) -> LinearCost:
                       _seconds(f"{field}.s_per_token", data["s_per_token"]))
 
 
+def _remote_path_to_dict(path: RemotePath) -> dict:
+    out = {"export": _linear_to_dict(path.export), "prefill": path.prefill.to_dict(), "join": _linear_to_dict(path.join)}
+    if path.paths_s is not None:
+        out["paths_s"] = path.paths_s._asdict()
+    return out
+
+
+def _request_paths(field: str, value: object) -> RequestPaths | None:
+    if value is None:
+        return None
+    data = _object(field, value, set(REQUEST_NAMES))
+    missing = [k for k in REQUEST_NAMES if k not in data]
+    if missing:
+        raise InputError(f"{field}: missing {missing[0]!r}")
+    return RequestPaths(*(_request_seconds(f"{field}.{name}", data[name]) for name in REQUEST_NAMES))
+
+
 def _remote_path(value: object) -> dict[int, RemotePath] | None:
     if value is None:
         return None
@@ -231,8 +272,8 @@ def _remote_path(value: object) -> dict[int, RemotePath] | None:
     for key, path in value.items():
         _tp_key("remote_path", key)
         field = f"remote_path.{key}"
-        data = _object(field, path, {"export", "prefill", "join"})
-        missing = [k for k in ("export", "prefill", "join") if k not in data]
+        data = _object(field, path, {*REQUEST_NAMES, "paths_s"})
+        missing = [k for k in REQUEST_NAMES if k not in data]
         if missing:
             raise InputError(f"{field}: missing {missing[0]!r}")
         try:
@@ -242,7 +283,8 @@ def _remote_path(value: object) -> dict[int, RemotePath] | None:
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise InputError(f"{field}.prefill: missing or malformed field: {exc}") from None
         paths[int(key)] = RemotePath(_linear(f"{field}.export", data["export"]), prefill,
-                                     _linear(f"{field}.join", data["join"]))
+                                     _linear(f"{field}.join", data["join"]),
+                                     _request_paths(f"{field}.paths_s", data.get("paths_s")))
     return paths
 
 

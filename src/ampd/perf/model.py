@@ -19,7 +19,7 @@ from ampd.perf.calibrate import efficiency_for
 from ampd.perf.catalog import GpuSpec, ModelSpec, gpu, kv_bytes_per_token, model
 from ampd.perf.from_roofline import fit_from_roofline
 from ampd.perf.interface import RemoteStages, paper_remote_stages
-from ampd.perf.measured import EngineBatching, Measured, measured_from_dict, measured_to_dict
+from ampd.perf.measured import EngineBatching, Measured, RequestPaths, measured_from_dict, measured_to_dict
 from ampd.perf.memory import replica_kv_capacity_tokens
 from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.perf.roofline import Roofline
@@ -135,7 +135,11 @@ class AlphaBetaPerfModel:
         since serving sends both from the prefill worker's one slot (docs/SERVING.md,
         "The KV path on NIXL"), so the export cannot overlap the previous task; send =
         the decode engine's request to its first token. Else ``paper_remote_stages``.
-        A profile's engines were on one host: a cross-server pair is timed as they were.
+        The simulator and the router count a plain request's serving path
+        (``request_overhead_s``) for the prefill request and the join on their own; so
+        the compute and the send carry the measured paths' excess over it
+        (``remote_request_paths_s``; never below 0). A profile's engines were on one
+        host: a cross-server pair is timed as they were.
 
         Raises:
             InputError: no cost function for the prefill's TP.
@@ -143,12 +147,23 @@ class AlphaBetaPerfModel:
         if not (self.measured_remote_path(prefill.tp) and self.measured_remote_path(decode.tp)):
             return paper_remote_stages(self, hist_tokens, new_tokens, prefill, decode)
         path = self.measured.remote_path[prefill.tp]
-        export_s = self.request_overhead_s + path.export(hist_tokens) if hist_tokens > 0 else 0.0
-        return RemoteStages(0.0, export_s + path.prefill(hist_tokens, new_tokens), path.join(new_tokens))
+        paths = self.remote_request_paths_s(prefill.tp)
+        export_s = paths.export + path.export(hist_tokens) if hist_tokens > 0 else 0.0
+        plain_s = self.request_overhead_s
+        return RemoteStages(0.0, max(0.0, export_s + path.prefill(hist_tokens, new_tokens) + paths.prefill - plain_s),
+                            max(0.0, path.join(new_tokens) + paths.join - plain_s))
 
     def measured_remote_path(self, tp: int) -> bool:
         """Whether a profile measured a remote round's engine requests at TP ``tp``."""
         return tp in (self.measured.remote_path or {})
+
+    def remote_request_paths_s(self, tp: int) -> RequestPaths:
+        """The serving path of each of a remote round's requests at TP ``tp``, seconds:
+        as the profile timed them, else each a plain request's (``request_overhead_s``)."""
+        path = (self.measured.remote_path or {}).get(tp)
+        if path is None or path.paths_s is None:
+            return RequestPaths(*(self.request_overhead_s,) * 3)
+        return path.paths_s
 
     def kv_capacity_tokens(self, tp: int) -> int:
         """KV tokens one replica of ``tp`` GPUs holds: the measured figure for ``tp`` when

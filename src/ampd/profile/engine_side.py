@@ -26,9 +26,10 @@ and after a real run splits the two:
   (``vllm:request_queue_time_seconds``: waiting for a step, and for a KV read). A
   remote round's TTFT is its prefill engine's plus its decode engine's plus the path
   between them (the coordinator, HTTP); a local round's, its decode engine's plus
-  the path. Beside them the profile's serving path of the same rounds (two engine
-  requests a remote round, three with a measured remote path's history export, one
-  a local round, at ``perf.request_overhead_s``), which the simulator adds;
+  the path. Beside them the profile's serving path of the same rounds (a local round's
+  one engine request at ``perf.request_overhead_s``; a remote round's prefill request
+  and join, and a measured remote path's history export, at
+  ``perf.remote_request_paths_s``), which the simulator adds;
 - **the coordinator's phases** (``coordinator_phases``): each coordinator's
   ``ampd_round_phase_seconds`` (``ampd.serve.round_phases``) over the run, the mean
   of each phase per route: where the rest of a TTFT lies.
@@ -129,6 +130,7 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
     stages = [perf.remote_stages_s(*c, *specs) for c in computed]
     # A measured remote path makes a third request, the history export, of rounds with history.
     exports = sum(cached > 0 for cached, _ in computed) if perf.measured_remote_path(prefill_tp) else 0
+    paths = perf.remote_request_paths_s(prefill_tp)
     prefill_sum_s, prefill_count = _gained(prefill_before, prefill_after, PREFILL_TIME)
     xfer_sum_s, xfer_count = _gained(before, after, KV_XFER_TIME)
     return {
@@ -141,7 +143,8 @@ def engine_side(roles: Sequence[str], before: Sequence[Snapshot], after: Sequenc
            for name in ("read", "compute", "send")},
         "remote_rounds": len(remote), "remote_prefills_engine": int(prefill_count),
         "kv_xfer_engine_s": _mean(xfer_sum_s, xfer_count), "kv_xfers_engine": int(xfer_count),
-        "serving_path_model_s": _mean((len(served) + len(remote) + exports) * perf.request_overhead_s, len(served)),
+        "serving_path_model_s": _mean((len(served) - len(remote)) * perf.request_overhead_s
+                                      + len(remote) * (paths.prefill + paths.join) + exports * paths.export, len(served)),
         **{f"{what}_{role}_engine_s": _mean(*_gained(*of(role), histogram))
            for role in ("prefill", "decode") for what, histogram in (("ttft", TIME_TO_FIRST_TOKEN),
                                                                      ("queue", QUEUE_TIME))},

@@ -42,7 +42,8 @@ MEASURED_BY = {
                         "vllm:time_to_first_token_seconds (median of the probes)",
     "remote": "engine: vllm:time_to_first_token_seconds of each of a remote round's requests made as serving "
               "makes them (history export on the decode engine, prefill reading it, decode engine's join); "
-              "the history read checked by the prefill engine's usage.prompt_tokens_details.cached_tokens",
+              "the history read checked by the prefill engine's usage.prompt_tokens_details.cached_tokens; "
+              "each request's serving path: the client's time to its reply less the engine's (median of the probes)",
 }
 
 
@@ -72,7 +73,8 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
                         batching=None if mode == "unmeasured" else EngineBatching(mode, fits["batching"].get("chunk_tokens")),
                         request_overhead_s=fits["request_overhead_s"],
                         remote_path=None if remote is None else {tp: RemotePath(
-                            remote["export"].linear, remote["prefill"].cost, remote["join"].linear)})
+                            remote["export"].linear, remote["prefill"].cost, remote["join"].linear,
+                            fits["remote_paths_s"])})
     held_out = {name: report[name]["held_out_mape"] for name in ("prefill", "decode", "kv") if name in report}
     held_out.update({f"remote_{name}": fit.held_out_mape for name, fit in (remote or {}).items()})
     perf = AlphaBetaPerfModel(model, gpu, default_topology(gpu), {tp: fits["prefill"].cost}, {tp: fits["decode"].cost},

@@ -18,17 +18,22 @@ own scheduling, and a prefill whose history arrives over the connector
    the new KV and computes the first token.
 
 Each request's time is the engine's own ``vllm:time_to_first_token_seconds`` (from its
-API server taking the request in to the first token leaving the engine); the serving
-path around each is the profile's ``request_overhead_s``. A first round (no history)
-has no export.
+API server taking the request in to the first token leaving the engine); its serving
+path, the client's time from sending it to its reply (the one token) less that: a plain
+request's (``ampd.profile.overhead_probe``) need not be a remote round's, whose requests
+carry the connector's parameters and meet engines busy as serving keeps them. A first
+round (no history) has no export.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Any
 
 from ampd.profile.engine import ProbedEngine, cached_tokens
-from ampd.profile.scrape import TIME_TO_FIRST_TOKEN, ProbeError, delta, scrape, settled
+from ampd.profile.scrape import TIME_SCALE, TIME_TO_FIRST_TOKEN, ProbeError, delta, scrape, settled
 from ampd.serve.history_export import EXPORT_PARAMS
 
 _REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False}
@@ -46,6 +51,8 @@ class RemotePoint:
         export_s: the decode engine's time on the export, seconds; None without history.
         prefill_s: the prefill engine's time on its request, seconds.
         join_s: the decode engine's time on the join, seconds.
+        export_path_s, prefill_path_s, join_path_s: each request's serving path (the
+            client's time less the engine's), seconds; the export's None without history.
     """
 
     hist_tokens: int
@@ -54,6 +61,9 @@ class RemotePoint:
     export_s: float | None
     prefill_s: float
     join_s: float
+    export_path_s: float | None
+    prefill_path_s: float
+    join_path_s: float
 
 
 async def exports_history(decode: ProbedEngine) -> bool:
@@ -77,20 +87,17 @@ async def measure_remote(prefill: ProbedEngine, decode: ProbedEngine, hist_token
             handshake failed).
     """
     prompt, session = decode.unique_prompt(hist_tokens + new_tokens), decode.new_session()
-    params, export_s = dict(_REMOTE_DECODE), None
+    params, export = dict(_REMOTE_DECODE), (None, None)
     if hist_tokens:
         await decode.complete(prompt[:hist_tokens], 1, session)
-        before = await scrape(decode.client, decode.url)
-        exported = (await decode.complete(prompt[:hist_tokens], 1, session, dict(EXPORT_PARAMS))).get(
-            "kv_transfer_params")
+        reply, export = await _timed(decode, settle_timeout_s, decode.complete(prompt[:hist_tokens], 1, session,
+                                                                               dict(EXPORT_PARAMS)))
+        exported = reply.get("kv_transfer_params")
         if not isinstance(exported, dict) or not exported.get("remote_block_ids"):
             raise ProbeError(f"{decode.url}: no kv_transfer_params for an exported history: the decode engine is "
                              "not a bidirectional NixlConnector (vLLM: bidirectional_kv_xfer)")
-        export_s = await _engine_ttft_s(decode, before, settle_timeout_s)
         params = {**exported, **_REMOTE_DECODE}
-    before = await scrape(prefill.client, prefill.url)
-    reply = await prefill.complete(prompt, 1, session, params)
-    prefill_s = await _engine_ttft_s(prefill, before, settle_timeout_s)
+    reply, prefilled = await _timed(prefill, settle_timeout_s, prefill.complete(prompt, 1, session, params))
     read = cached_tokens(reply, prefill.url)
     if hist_tokens and read < hist_tokens // 2:
         raise ProbeError(f"{prefill.url}: read {read} of a {hist_tokens}-token history from {decode.url}: the read "
@@ -99,12 +106,19 @@ async def measure_remote(prefill: ProbedEngine, decode: ProbedEngine, hist_token
     if not forward:
         raise ProbeError(f"{prefill.url}: no kv_transfer_params in a do_remote_decode reply: the engine has no "
                          "KV connector (vLLM: --kv-transfer-config with NixlConnector)")
-    before = await scrape(decode.client, decode.url)
-    await decode.complete(prompt, 1, session, forward)
-    join_s = await _engine_ttft_s(decode, before, settle_timeout_s)
-    return RemotePoint(hist_tokens, read, len(prompt) - read, export_s, prefill_s, join_s)
+    _, joined = await _timed(decode, settle_timeout_s, decode.complete(prompt, 1, session, forward))
+    return RemotePoint(hist_tokens, read, len(prompt) - read, export[0], prefilled[0], joined[0], export[1],
+                       prefilled[1], joined[1])
 
 
-async def _engine_ttft_s(engine: ProbedEngine, before, settle_timeout_s: float) -> float:
+async def _timed(engine: ProbedEngine, settle_timeout_s: float,
+                 request: Awaitable[dict[str, Any]]) -> tuple[dict[str, Any], tuple[float, float]]:
+    """``request`` made on ``engine``: its reply and ``(engine_ttft_s, serving_path_s)``,
+    the client's time turned into the engine's seconds (a mock engine's scaled clock)."""
+    before = await scrape(engine.client, engine.url)
+    sent_s = time.perf_counter()
+    reply = await request
+    client_s = time.perf_counter() - sent_s
     (after,) = await settled(engine.client, [before], TIME_TO_FIRST_TOKEN, 1, settle_timeout_s)
-    return delta(before, after, TIME_TO_FIRST_TOKEN).sum
+    engine_s = delta(before, after, TIME_TO_FIRST_TOKEN).sum
+    return reply, (engine_s, client_s / (after.value(TIME_SCALE) or 1.0) - engine_s)

@@ -26,6 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ampd.core.errors import InputError
+from ampd.perf.measured import RequestPaths
 from ampd.profile.decode_load import STARTED_TOKENS, DecodeLoad
 from ampd.profile.decode_probe import (DecodePoint, MixedPoint, chunk_budget_tokens, measure_decode,
                                       measure_mixed, search_chunk_budget)
@@ -249,9 +250,10 @@ def fit(points: Measurements, seed: int, known_chunk_tokens: int | None = None) 
     Returns:
         ``{"prefill": FitResult, "decode": FitResult, "kv": FitResult | None,
         "kv_bytes_per_token": int | None, "batching": dict, "request_overhead_s":
-        float | None, "remote": dict | None}`` (the median serving path of the
-        overhead probes, at least 0, None without them; the remote round's fits
-        ``{"export", "prefill", "join"}``, None without remote probes).
+        float | None, "remote": dict | None, "remote_paths_s": RequestPaths | None}`` (the
+        median serving path of the overhead probes, at least 0, None without them; the
+        remote round's fits ``{"export", "prefill", "join"}`` and its requests' serving
+        paths, None without remote probes).
 
     Raises:
         InputError: too few points to fit a function.
@@ -265,7 +267,18 @@ def fit(points: Measurements, seed: int, known_chunk_tokens: int | None = None) 
     overhead_s = max(0.0, statistics.median(p.overhead_s for p in points.overhead)) if points.overhead else None
     return {"prefill": prefill, "decode": decode, "kv": kv, "kv_bytes_per_token": bytes_per_token,
             "batching": batching(points.mixed, known_chunk_tokens), "request_overhead_s": overhead_s,
-            "remote": fit_remote(points.remote, rng) if points.remote else None}
+            "remote": fit_remote(points.remote, rng) if points.remote else None,
+            "remote_paths_s": remote_paths_s(points.remote) if points.remote else None}
+
+
+def remote_paths_s(points: list[RemotePoint]) -> RequestPaths:
+    """Each of a remote round's requests' serving path: the median over the probes (the
+    export's over those with history: ``fit_remote`` has checked there are some), at
+    least 0 (the client's clock finer than the path)."""
+    def median(paths) -> float:
+        return max(0.0, statistics.median(paths))
+    return RequestPaths(median(p.export_path_s for p in points if p.export_path_s is not None),
+                        median(p.prefill_path_s for p in points), median(p.join_path_s for p in points))
 
 
 def fit_remote(points: list[RemotePoint], rng: np.random.Generator) -> dict[str, Any]:
