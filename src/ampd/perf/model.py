@@ -138,8 +138,10 @@ class AlphaBetaPerfModel:
         The simulator and the router count a plain request's serving path
         (``request_overhead_s``) for the prefill request and the join on their own; so
         the compute and the send carry the measured paths' excess over it
-        (``remote_request_paths_s``; never below 0). A profile's engines were on one
-        host: a cross-server pair is timed as they were.
+        (``remote_request_paths_s``; never below 0). A profile times both roles at one
+        TP, so all three requests are read at the prefill worker's TP (both workers' TP
+        must have been measured). A profile's engines were on one host: a cross-server
+        pair is timed as they were.
 
         Raises:
             InputError: no cost function for the prefill's TP.
