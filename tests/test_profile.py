@@ -17,14 +17,18 @@ from ampd.cli.main import main
 from ampd.cli.profile import QUICK_GRID
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
+from ampd.perf.catalog import gpu, model
+from ampd.perf.model import AlphaBetaPerfModel
 from ampd.perf.perf_file import load_perf_model
 from ampd.profile.decode_load import DecodeLoad
-from ampd.profile.decode_probe import MixedPoint, chunk_budget_tokens
+from ampd.profile.decode_probe import DecodePoint, MixedPoint, chunk_budget_tokens
 from ampd.profile.engine import ProbedEngine, connect
-from ampd.profile.overhead_probe import PROBE_PROMPT_TOKENS, measure_overhead
+from ampd.profile.overhead_probe import PROBE_PROMPT_TOKENS, OverheadPoint, measure_overhead
 from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, split
 from ampd.profile.remote_probe import RemotePoint
-from ampd.profile.run import ProfileGrid, batching, fit_remote, remote_paths_s, run
+from ampd.profile.prefill_probe import PrefillPoint
+from ampd.profile.profile_file import profile_document
+from ampd.profile.run import Measurements, ProfileGrid, batching, fit, fit_remote, remote_paths_s, run
 from ampd.profile.scrape import ProbeError
 from ampd.serve.mock_engine import EngineOptions, create_app
 
@@ -232,6 +236,30 @@ def test_a_remote_rounds_serving_paths_are_each_requests_median_over_the_probes(
     assert remote_paths_s(points) == pytest.approx((0.005, 0.0105, 0.0005))
     # The first three's join paths -1, -1, 2 ms: a median below 0 is no path.
     assert remote_paths_s(points[:3]).join == 0.0
+
+
+def test_a_profile_times_a_remote_round_with_its_requests_own_serving_paths():
+    # Measurements made from known functions: T_pre 10 ms + 0.1 ms per new token; a 20 ms
+    # decode step; a plain request's serving path 5 ms; the remote round's requests as in
+    # test_a_remote_rounds_requests_are_fitted_each_by_its_own_sizes, with serving paths
+    # export 4 ms, prefill request 9 ms, join 5 ms.
+    points = Measurements(
+        prefill=[PrefillPoint(h, n, 0.01 + 1e-4 * n) for h in (0, 256, 1024) for n in (16, 64, 256, 1024)],
+        decode=[DecodePoint(b, p, b * (p + 128), 0.02, 128 * b) for b in (1, 2, 4, 8) for p in (128, 512)],
+        overhead=[OverheadPoint(0.015, 0.010)] * 4,
+        remote=[RemotePoint(h, h, n, 0.02 + 1e-6 * h if h else None, 0.03 + 2e-4 * n + 1e-5 * h, 0.025 + 1e-5 * n,
+                            0.004 if h else None, 0.009, 0.005)
+                for h in (0, 128, 512, 1024, 2048) for n in (16, 64, 256, 1024)])
+    doc = profile_document(points, {"decode_engine": {}}, fit(points, 0), model("Llama-3.1-8B"), gpu("H100-SXM"), 1,
+                           ProfileGrid(), 0)
+    assert doc["perf_model"]["remote_path"]["1"]["paths_s"] == pytest.approx(
+        {"export": 0.004, "prefill": 0.009, "join": 0.005})
+    perf = AlphaBetaPerfModel.from_json(json.dumps(doc["perf_model"]))
+    p0, d1 = WorkerSpec(0, Role.PREFILL, 1, 0), WorkerSpec(1, Role.DECODE, 1, 0)
+    # 1,000 tokens of history, 100 new: the export 4 + 20 + 1 ms, the prefill request
+    # 30 + 20 + 10 ms and its path's 9 - 5 ms beyond a plain request's; the join 25 + 1 ms
+    # and its 5 - 5 ms.
+    assert perf.remote_stages_s(1000, 100, p0, d1) == pytest.approx((0.0, 0.025 + 0.06 + 0.004, 0.026), rel=1e-3)
 
 
 def test_ampd_profile_writes_a_profile_and_its_plots(tmp_path, capsys):
