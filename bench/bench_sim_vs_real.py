@@ -13,8 +13,13 @@ simulator with the engines. The profile used is kept as
 
 The trace: 24 ToolBench-like sessions (``ampd-predictive``, Poisson arrivals at 0.25
 sessions/s, seed 0; rounds beyond the tiny model's 4,096-token context left out on
-both sides). SLO thresholds derived from the profile by the usual rule. ``engine_side`` holds each
-real run's engine counters (``ampd.profile.engine_side``): where the gap lies.
+both sides). SLO thresholds derived from the profile by the usual rule. Before the real runs,
+``validate`` serves a calibration trace (8 sessions drawn with another seed) and times the
+coordinators' and the client's share of a round (``serving_stack``, ``ampd.profile.stack_probe``),
+which the simulator adds. ``without_serving_stack``: the same real runs against the simulator
+without it (the same profile less ``serving_stack``, the same SLO thresholds), side by side in
+the same run: what the stack's measurement changes. ``engine_side`` holds each real run's engine
+counters (``ampd.profile.engine_side``): where the gap lies.
 
 Run it on an otherwise idle machine: the engines, the coordinator and the client share
 its cores, and another job's load shows up as the cluster's latency.
@@ -38,10 +43,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 from common import write_result  # noqa: E402
 from vllm_servers import tiny_model  # noqa: E402
 
-from ampd.config import RunConfig  # noqa: E402
+from ampd.config import RunConfig, with_perf_model  # noqa: E402
+from ampd.experiment import sessions_for, simulate  # noqa: E402
 from ampd.profile.plots import plot_sim_vs_real  # noqa: E402
 from ampd.profile.run import ProfileGrid  # noqa: E402
-from ampd.profile.validate import validate  # noqa: E402
+from ampd.profile.sim_vs_real import compare  # noqa: E402
+from ampd.profile.validate import Validation, clip_to_context, validate  # noqa: E402
 from ampd.serve.up import free_serve_ports  # noqa: E402
 
 PROFILE = ROOT / "bench" / "results" / "sim_vs_real_profile.json"
@@ -69,6 +76,21 @@ def config(model_dir: Path) -> RunConfig:
                             "nixl_ucx_tls": "tcp", "nixl_decoder_kv_ttl_s": 120})
 
 
+def without_serving_stack(run: RunConfig, result: Validation, work: Path) -> list[dict]:
+    """``compare`` of each real run against the simulator timed by the same profile less its
+    ``serving_stack``, at the same SLO thresholds."""
+    document = json.loads(result.profile_path.read_text())
+    del document["perf_model"]["serving_stack"]
+    engines_only = work / "profile-engines-only.json"
+    engines_only.write_text(json.dumps(document))
+    config = with_perf_model(run, str(engines_only))
+    config = config.model_copy(update={"slo": config.slo.model_copy(
+        update={"ttft_s": result.sim.slo.ttft_s, "itl_s": result.sim.slo.itl_s})})
+    sessions, _ = clip_to_context(sessions_for(config), MAX_MODEL_LEN)
+    sim = simulate(config, sessions)
+    return [compare(real.sessions, sim.result.sessions, real.summary, sim.summary) for real in result.runs]
+
+
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ampd-bench-sim-vs-real-"))
     run = config(tiny_model(work))
@@ -88,8 +110,10 @@ def main() -> None:
         "workload": "toolbench", "rate_per_s": RATE_PER_S, "num_sessions": result.figures[0]["num_sessions"],
         "clipped_rounds": result.clipped_rounds, "ttft_slo_s": result.sim.slo.ttft_s, "itl_slo_s": result.sim.slo.itl_s,
         "profiled_at": profile["fingerprint"]["date"], "profile_fit_report": profile["fit_report"],
+        "serving_stack": profile["perf_model"].get("serving_stack"),
         "failed_sessions": sum(len(r.failed) for r in result.runs), **worst,
-        "real_vs_sim": result.figures, "real_repeat_spread": result.spread, "engine_side": result.engine_side})
+        "real_vs_sim": result.figures, "real_repeat_spread": result.spread,
+        "without_serving_stack": without_serving_stack(run, result, work), "engine_side": result.engine_side})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ out by hand in the tests."""
 from __future__ import annotations
 
 from ampd.core.deployment import WorkerSpec
-from ampd.perf.interface import RemoteStages, paper_remote_stages
+from ampd.perf.interface import RemoteStages, RoundPaths, paper_remote_stages
 
 
 class StubPerf:
@@ -37,6 +37,14 @@ class StubPerf:
 
     def measured_remote_path(self, tp: int) -> bool:
         return False
+
+    def reads_measured_requests(self, prefill_tp: int, decode_tp: int) -> bool:
+        return False
+
+    def round_paths_s(self, prefill_tp: int | None, decode_tp: int) -> RoundPaths:
+        # The paper's stages hold no request's path: a remote round's two requests, a local one's.
+        o = self.request_overhead_s
+        return RoundPaths(o, 0.0 if prefill_tp is None else o)
 
 
 class AlphaBetaStub(StubPerf):

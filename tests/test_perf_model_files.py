@@ -70,9 +70,16 @@ def test_a_measured_remote_path_replaces_the_papers_read_prefill_and_send():
         (0.001 + 0.131072, 0.01 + 0.01, 0.001 + 0.0131072))
     measured = _from({**hand_model(), "remote_path": REMOTE_PATH})
     # Nothing read ahead; on the prefill worker the export request (5 ms serving path + 20 ms
-    # + 1 ms) then the prefill engine's request (30 + 20 + 10 ms); the join (25 + 1 ms).
-    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.026 + 0.06, 0.026))
-    assert measured.remote_stages_s(0, 100, P0, D1) == pytest.approx((0.0, 0.05, 0.026))  # no history, no export
+    # + 1 ms) then the prefill engine's request (30 + 20 + 10 ms, and its 5 ms path); the join
+    # (25 + 1 ms, and its 5 ms path). Each path is the plain request's: none was timed.
+    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.026 + 0.065, 0.031))
+    assert measured.remote_stages_s(0, 100, P0, D1) == pytest.approx((0.0, 0.055, 0.031))  # no history, no export
+    # Its stages hold every request's path, so the round adds none; the paper's stages hold
+    # none, so its round adds the prefill request's before the queue and the join's after the
+    # send; a local round, its one request's.
+    assert measured.round_paths_s(1, 1) == (0.0, 0.0)
+    assert paper.round_paths_s(1, 1) == (0.005, 0.005)
+    assert measured.round_paths_s(None, 1) == paper.round_paths_s(None, 1) == (0.005, 0.0)
     # A decode worker of a TP the profile did not measure: the paper's stages.
     d2 = WorkerSpec(3, Role.DECODE, 2, server=0)
     assert measured.remote_stages_s(1000, 100, P0, d2) == paper.remote_stages_s(1000, 100, P0, d2)
@@ -82,18 +89,33 @@ def test_a_measured_remote_path_replaces_the_papers_read_prefill_and_send():
 
 def test_a_remote_paths_own_serving_paths_replace_the_plain_requests_in_its_stages():
     # The same remote path, its requests' serving paths timed: export 7 ms, prefill request
-    # 12 ms, join 3 ms, against the plain request's 5 ms that the simulator and the router
-    # add for the prefill request and the join on their own.
+    # 12 ms, join 3 ms, where a plain request's is 5 ms.
     timed = {"1": {**REMOTE_PATH["1"], "paths_s": {"export": 0.007, "prefill": 0.012, "join": 0.003}}}
     measured = _from({**hand_model(), "remote_path": timed})
-    # compute: export 7 + 20 + 1 ms, prefill request 30 + 20 + 10 ms and its 12 - 5 ms beyond a
-    # plain request; send: the join 25 + 1 ms and its 3 - 5 ms.
-    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.028 + 0.06 + 0.007, 0.026 - 0.002))
+    # compute: export 7 + 20 + 1 ms, prefill request 30 + 20 + 10 ms and its 12 ms; send: the
+    # join 25 + 1 ms and its 3 ms.
+    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.028 + 0.06 + 0.012, 0.026 + 0.003))
     assert measured.remote_request_paths_s(1) == (0.007, 0.012, 0.003)
     # Without them (an older profile) each is the plain request's.
     assert _from({**hand_model(), "remote_path": REMOTE_PATH}).remote_request_paths_s(1) == (0.005,) * 3
     assert AlphaBetaPerfModel.from_json(measured.to_json()) == measured
     assert json.loads(measured.to_json())["remote_path"] == timed
+
+
+def test_a_serving_stack_adds_its_phases_where_a_round_meets_them():
+    # The coordinator's route 2 ms and the client's leg 13 ms on every round; a remote round's
+    # dispatch 8 ms before the prefill engine and handoff 6 ms before the join.
+    stack = {"route_s": 0.002, "dispatch_s": 0.008, "handoff_s": 0.006, "client_s": 0.013}
+    measured = _from({**hand_model(), "remote_path": REMOTE_PATH, "serving_stack": stack})
+    assert measured.round_paths_s(1, 1) == pytest.approx((0.002 + 0.013 + 0.008, 0.006))
+    assert measured.round_paths_s(None, 1) == pytest.approx((0.002 + 0.013 + 0.005, 0.0))  # and one request
+    paper = _from({**hand_model(), "serving_stack": stack})  # the paper's stages: two requests besides
+    assert paper.round_paths_s(1, 1) == pytest.approx((0.023 + 0.005, 0.006 + 0.005))
+    # The stages are the engines' alone: the stack does not touch them.
+    assert measured.remote_stages_s(1000, 100, P0, D1) == _from(
+        {**hand_model(), "remote_path": REMOTE_PATH}).remote_stages_s(1000, 100, P0, D1)
+    assert AlphaBetaPerfModel.from_json(measured.to_json()) == measured
+    assert json.loads(measured.to_json())["serving_stack"] == stack
 
 
 def test_a_catalog_build_is_written_in_v2_with_full_specs_and_read_back_identical():
@@ -153,6 +175,15 @@ def _without(data: dict, section: str, key: str) -> dict:
      "remote_path.1.paths_s.prefill: expected a finite number >= 0"),
     (lambda d: d.update(remote_path={"1": {**REMOTE_PATH["1"], "paths_s": {"export": 0.007, "prefill": 0.012, "join": 30}}}),
      "remote_path.1.paths_s.join: 30 s is more than 10 s"),
+    (lambda d: d.update(serving_stack={"route_s": 0.002, "dispatch_s": 0.008, "client_s": 0.013}),
+     "serving_stack: missing 'handoff_s'"),
+    (lambda d: d.update(serving_stack={"route_s": 0.002, "dispatch_s": 0.008, "handoff_s": 0.006, "client_s": 0.013,
+                                       "queue_s": 0.001}), "serving_stack: unknown field 'queue_s'"),
+    (lambda d: d.update(serving_stack={"route_s": 0.002, "dispatch_s": 8, "handoff_s": -0.006, "client_s": 0.013}),
+     "serving_stack.handoff_s: expected a finite number >= 0"),
+    (lambda d: d.update(serving_stack={"route_s": 2.0, "dispatch_s": 8.0, "handoff_s": 6.0, "client_s": 13.0}),
+     "serving_stack.client_s: 13.0 s is more than 10 s"),
+    (lambda d: d.update(serving_stack=[0.002, 0.008, 0.006, 0.013]), "serving_stack: expected an object"),
     (lambda d: _without(d, "model", "hidden_size"), "model: missing 'hidden_size'"),
     (lambda d: d["model"].update(num_layers="32"), "model.num_layers: expected an integer > 0"),
     (lambda d: d["model"].update(active_params=9_000_000_000), "model.active_params: 9000000000 is more than params"),

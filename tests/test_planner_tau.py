@@ -53,7 +53,8 @@ def test_lindley_counts_the_serving_path_of_each_engine_request_by_hand():
     # reaches the idle replica at 5.25, computes to 6.25: TTFT 1.5. Task 3, local: one
     # request and its 2 s: TTFT 2.25.
     chains = PrefillChains([0.0, 1.0, 99.0, 2.0], [0.0] * 4, [3.0, 1.0, 1.0, 2.0], [0.0] * 4,
-                           [True, True, True, False], [0.0, 0.5, 0.0, 0.0], [-1, 2, -1, -1], request_s=0.25)
+                           [True, True, True, False], [0.0, 0.5, 0.0, 0.0], [-1, 2, -1, -1],
+                           remote_paths_s=(0.25, 0.25), local_path_s=0.25)
     assert listed(fcfs_ttft_s(chains, 1)) == ([3.5, 3.5, 1.5, 2.25], True, [False, False, False, True])
     # The router model predicts two requests on top of the queue and the work, against 3.6 s:
     # task 0 predicts 3 + 0.5 = 3.5 and runs remotely as above. Task 1 predicts 2.25 queued +

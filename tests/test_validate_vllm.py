@@ -8,7 +8,9 @@ engines' own counters. Under plain PD disaggregation (``pd-disagg``) there is no
 to make: every round is prefilled on the one prefill engine, in the simulator and on
 the cluster alike, so every round is placed alike, none locally; and vLLM's prefill
 engine counts one prefill (``vllm:request_prefill_time_seconds``) per round, none of
-them the coordinator's. Each round is a prefill request and then a decode request,
+them the coordinator's. The calibration trace served first to time the serving stack
+(``ampd.profile.stack_probe``) is likewise all remote: the coordinator's phases count each
+of its rounds as one. Each round is a prefill request and then a decode request,
 one after the other inside the client's TTFT: so the client's mean TTFT is at least
 the prefill engine's mean ``vllm:time_to_first_token_seconds`` plus the decode
 engine's, over the same rounds, and each engine's queued share is part of its own.
@@ -17,6 +19,9 @@ engine's, over the same rounds, and each engine's queued share is part of its ow
 import json
 
 from ampd.cli.main import main
+from ampd.config import load_config
+from ampd.experiment import sessions_for
+from ampd.profile.validate import clip_to_context
 from run_configs import write_run_config
 from vllm_servers import ROOT, VLLM_PYTHON, VOCAB, tiny_model
 
@@ -46,4 +51,10 @@ def test_validate_on_vllm_places_and_counts_every_round_as_the_simulator(tmp_pat
     assert figures["real_ttft_mean_s"] >= side["ttft_prefill_engine_s"] + side["ttft_decode_engine_s"]
     assert 0 <= side["queue_prefill_engine_s"] <= side["ttft_prefill_engine_s"]
     assert 0 <= side["queue_decode_engine_s"] <= side["ttft_decode_engine_s"]
+    calibration, _ = clip_to_context(sessions_for(load_config(config)[0].model_copy(update={"seed": 1000}))[:8], 4096)
+    report = json.loads((out / "profile.json").read_text())["fit_report"]["serving_stack"]
+    assert report["failed_sessions"] == 0
+    assert report["coordinator_phases"]["remote"]["rounds"] == sum(len(s.rounds) for s in calibration)
+    assert set(report["coordinator_phases"]) == {"remote"}
+    assert result["serving_stack"] == json.loads((out / "profile.json").read_text())["perf_model"]["serving_stack"]
     assert "where the gap lies" in capsys.readouterr().out

@@ -10,16 +10,17 @@ they scale with model, GPU and prompt lengths:
   largest degree below it that it has and that holds the weights;
 - TTFT threshold = ``TTFT_FACTOR`` x the mean, over every round of the workload,
   of the unloaded prefill time ``T_pre(l_hist, l_incr)`` on that replica, plus
-  the serving path of a remote round's two engine requests
-  (``2 x perf.request_overhead_s``, 0 in a catalog model; a local round makes
-  one): a fixed latency no queue order removes, added once rather than scaled,
-  so a slow API server neither makes every remote round miss nor earns a
-  looser threshold; likewise, where a profile measured a remote round's engine
+  a remote round's serving path on that replica (``perf.round_paths_s``: its two
+  engine requests' and the serving stack's, where measured; 0 in a catalog
+  model): a fixed latency no queue order removes, added once rather than
+  scaled, so a slow API server neither makes every remote round miss nor earns
+  a looser threshold; likewise, where a profile measured a remote round's engine
   requests (``ampd.perf.measured.RemotePath``), the mean over the workload's
   rounds of what those requests take unloaded beyond ``T_pre`` (the history
-  export, the history read, the engines' scheduling, the join: the round's floor
-  on such engines; 0 in a catalog model, whose remote rounds add only KV
-  transfers, as the paper's thresholds do not count; never below 0);
+  export, the history read, the engines' scheduling, the join, with their
+  serving paths: the round's floor on such engines; 0 in a catalog model, whose
+  remote rounds add only KV transfers, as the paper's thresholds do not count;
+  never below 0);
 - ITL threshold = ``ITL_FACTOR`` x the decode-step time of a batch of
   ``REF_BATCH`` sequences of the workload's mean context on that replica.
 """
@@ -68,7 +69,7 @@ def derive_slo(perf: PerfModel, sessions: list[Session]) -> SloThresholds:
         pair = WorkerSpec(0, Role.PREFILL, tp, 0), WorkerSpec(1, Role.DECODE, tp, 0)
         floor_s = max(0.0, sum(sum(perf.remote_stages_s(s.history_tokens(i), r.input_tokens, *pair)) - prefill_s
                                for (s, i, r), prefill_s in zip(_rounds(sessions), prefills)) / len(prefills))
-    ttft_s = TTFT_FACTOR * sum(prefills) / len(prefills) + 2 * perf.request_overhead_s + floor_s
+    ttft_s = TTFT_FACTOR * sum(prefills) / len(prefills) + sum(perf.round_paths_s(tp, tp)) + floor_s
     itl_s = ITL_FACTOR * perf.decode_step_s(REF_BATCH, int(REF_BATCH * mean_context), tp)
     return SloThresholds(ttft_s, itl_s)
 

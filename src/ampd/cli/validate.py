@@ -13,6 +13,7 @@ from ampd.cli.options import (add_run_options, config_from_args, non_negative_in
 from ampd.cli.profile import QUICK_GRID
 from ampd.cli.tables import print_table
 from ampd.metrics.report import round_rows, write_csv, write_json
+from ampd.perf.perf_file import load_perf_model
 from ampd.profile.plots import plot_sim_vs_real
 from ampd.profile.run import ProfileGrid
 from ampd.profile.validate import validate
@@ -66,7 +67,7 @@ def cmd_validate(args: argparse.Namespace) -> None:
     if args.serving_load_batch is not None:
         grid = dataclasses.replace(grid, serving_load_batch=args.serving_load_batch)
     result = validate(config, out_dir, args.repeats, args.vocab_size, args.timeout_s, args.max_model_len, grid,
-                      not args.quiet, args.profile_now)
+                      not args.quiet, args.profile_now, not args.no_stack_calibration)
     table = Table(title=f"sim vs real: {config.system}, {config.cluster.deployment}, profile {result.profile_path}; "
                         f"{len(result.sim.result.sessions)} sessions ({result.clipped_rounds} rounds beyond "
                         f"max_model_len left out)")
@@ -98,12 +99,16 @@ def cmd_validate(args: argparse.Namespace) -> None:
         engines.add_row(f"CPU of {name}, seconds per wall second ({result.engine_side[0]['cpu_count']} cores)",
                         *(f"{side['cpu_per_wall_s'].get(name, 0.0):.2f}" for side in result.engine_side))
     print_table(engines)
+    stack = load_perf_model(result.profile_path).measured.serving_stack
+    if stack is not None:
+        print("serving stack the simulator adds (coordinators and client, ms): "
+              + ", ".join(f"{name.removesuffix('_s')} {1e3 * value:.1f}" for name, value in stack._asdict().items()))
     failed = sum(len(run.failed) for run in result.runs)
     write_json(out_dir / "validate.json", {
         "config": config.model_dump(mode="json"), "profile": str(result.profile_path),
         "sim_verdict": result.sim.stability.verdict, "clipped_rounds": result.clipped_rounds,
         "real_vs_sim": result.figures, "real_vs_real": result.spread, "engine_side": result.engine_side,
-        "failed_sessions": failed})
+        "serving_stack": None if stack is None else stack._asdict(), "failed_sessions": failed})
     write_csv(out_dir / "rounds-sim.csv", round_rows(result.sim.result.sessions))
     for i, run in enumerate(result.runs):
         write_csv(out_dir / f"rounds-real-{i + 1}.csv", round_rows(run.sessions))
@@ -124,6 +129,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="profile the engines first even where the configuration or --perf-model names a profile "
                         "(its model and GPU kept): on a host whose speed drifts, a profile of another hour times "
                         "another machine (docs/PROFILING.md)")
+    p.add_argument("--no-stack-calibration", action="store_true",
+                   help="do not serve a calibration trace first to measure the coordinators' and the client's "
+                        "share of a round (the simulator then times the engines' requests alone, or by the "
+                        "profile's serving_stack where it has one)")
     p.add_argument("--quick-profile", action="store_true", help="when profiling: ampd profile --quick's grid")
     p.add_argument("--serving-load-batch", type=non_negative_int,
                    help="when profiling: ampd profile --serving-load-batch (default 4; 0 with --quick-profile)")

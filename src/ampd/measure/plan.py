@@ -73,7 +73,7 @@ OVERLOAD_MARGIN = 50
 @dataclass(frozen=True)
 class UnloadedLifetimes:
     """How long a session lives alone on an idle replica of ``tp`` GPUs: every
-    round's engine request (its serving path, ``perf.request_overhead_s``) and
+    round's serving path (a local round's, ``perf.round_paths_s``) and
     prefill (``T_pre(l_hist, l_incr)``), its other output tokens one decode step
     of batch 1 each (at the round's mean context), and the tool calls between
     rounds. Seconds.
@@ -87,10 +87,10 @@ class UnloadedLifetimes:
     tp: int
 
     def round_s(self, hist_tokens: int, new_tokens: int, output_tokens: int) -> float:
-        """One round's prefill and decode, and its one engine request's serving
-        path (``perf.request_overhead_s``), seconds."""
+        """One round's prefill and decode, and its serving path (a local round's,
+        ``perf.round_paths_s``), seconds."""
         context = hist_tokens + new_tokens + output_tokens // 2
-        return (self.perf.request_overhead_s + self.perf.prefill_s(hist_tokens, new_tokens, self.tp)
+        return (self.perf.round_paths_s(None, self.tp).before_s + self.perf.prefill_s(hist_tokens, new_tokens, self.tp)
                 + (output_tokens - 1) * self.perf.decode_step_s(1, context, self.tp))
 
     def session_s(self, session: Session) -> float:

@@ -16,13 +16,29 @@ class RemoteStages(NamedTuple):
         read_s: the lazy history read, before the compute: the part of the task
             that may overlap the prefill worker's previous task.
         compute_s: the time the task holds the prefill worker.
-        send_s: from the compute's end to the decode engine's first token, less a
-            plain request's serving path (``PerfModel.request_overhead_s``).
+        send_s: from the compute's end to the decode engine's first token, less what
+            ``PerfModel.round_paths_s`` adds after it.
     """
 
     read_s: float
     compute_s: float
     send_s: float
+
+
+class RoundPaths(NamedTuple):
+    """A round's serving time outside its engines' own work and outside its stages
+    (``RemoteStages``), by where it falls, seconds: what the simulator waits, the
+    routers add to their estimates and the SLO rule adds once to its threshold.
+
+    Attributes:
+        before_s: from the round's input being ready to its task in the chosen
+            engine's queue.
+        after_s: from a remote round's send stage to its first token (0 for a local
+            round).
+    """
+
+    before_s: float
+    after_s: float
 
 
 class PerfModel(Protocol):
@@ -46,10 +62,8 @@ class PerfModel(Protocol):
     def request_overhead_s(self) -> float:
         """The serving path of one request to an engine: what it takes beyond the
         engine's own time to first token (HTTP legs, the API server's parsing,
-        tokenising and streaming). A remote round makes two such requests (prefill
-        engine, then decode engine), a local round one; the simulator and the router
-        add this for each. A measured remote path's history export, and its requests'
-        own paths beyond this, are in ``remote_stages_s``. 0 where not measured."""
+        tokenising and streaming). 0 where not measured. Read through
+        ``round_paths_s``, which says where a round makes such requests."""
 
     def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
         """``T_pre(l_hist, l_incr; tp)``: prefill ``new_tokens`` on top of ``hist_tokens``
@@ -70,9 +84,19 @@ class PerfModel(Protocol):
         unless the engines' own requests were measured (``ampd.perf.measured.RemotePath``)
         at both workers' TP."""
 
+    def round_paths_s(self, prefill_tp: int | None, decode_tp: int) -> RoundPaths:
+        """A round's serving time beyond its engines' work and its stages: a local round
+        (``prefill_tp`` None) on a decode worker of ``decode_tp``, or a remote one from a
+        prefill worker of ``prefill_tp``. Every place that times a round reads it, so
+        the simulator, the routers, the planner and the SLO rule count one path."""
+
     def measured_remote_path(self, tp: int) -> bool:
         """Whether a profile measured a remote round's engine requests at TP ``tp`` (then
         ``remote_stages_s`` of two workers of that TP are those requests)."""
+
+    def reads_measured_requests(self, prefill_tp: int, decode_tp: int) -> bool:
+        """Whether ``remote_stages_s`` from a prefill worker of ``prefill_tp`` to a decode
+        worker of ``decode_tp`` are measured engine requests (both TPs measured)."""
 
     def remote_request_paths_s(self, tp: int) -> RequestPaths:
         """The serving path of each of a remote round's engine requests (export, prefill,

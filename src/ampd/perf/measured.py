@@ -1,7 +1,8 @@
 """What a measured profile knows better than the catalog: a KV link's cost, KV capacity per
 TP, KV bytes per token, how the engine mixes a local prefill with decode steps, the
-latency of one request's path through the engine's API server, and a remote round's three
-engine requests as a connector that reads history runs them (``RemotePath``).
+latency of one request's path through the engine's API server, a remote round's three
+engine requests as a connector that reads history runs them (``RemotePath``), and what the
+serving stack in front of the engines adds to a round (``ServingStack``).
 
 These are the optional fields of the ``ampd.perf.alphabeta/2`` JSON form (docs/PERF_MODEL.md,
 section 5); ``measured_from_dict`` reads them with an ``InputError`` naming the field,
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from ampd.core.errors import AmpdError, InputError
 from ampd.perf.alphabeta import PrefillCost
@@ -84,6 +85,31 @@ class RequestPaths(NamedTuple):
     join: float
 
 
+class ServingStack(NamedTuple):
+    """What ampd's serving stack adds to a round's TTFT beyond its engine requests, seconds
+    (>= 0; means over a calibration run through a coordinator, ``ampd.profile.stack_probe``).
+    The phases are the coordinator's own (``ampd_round_phase_seconds``, docs/SERVING.md
+    "How a round is served"); ``client_s`` is what the client sees beyond the coordinator.
+
+    Attributes:
+        route_s: binding, the state read and the routing decision (every round).
+        dispatch_s: a remote task's time in the coordinator's prefill queue until a
+            dispatcher sends it, at the calibration's load (a remote round).
+        handoff_s: the store's hops between the prefill engine's reply and the join
+            (a remote round).
+        client_s: the client's TTFT less the coordinator's: the HTTP leg to the
+            coordinator and back, and the client's own parsing (every round).
+    """
+
+    route_s: float
+    dispatch_s: float
+    handoff_s: float
+    client_s: float
+
+
+_Times = TypeVar("_Times", RequestPaths, ServingStack)
+
+
 @dataclass(frozen=True, slots=True)
 class RemotePath:
     """A remote round's engine requests as serving makes them on engines whose KV connector
@@ -140,6 +166,8 @@ class Measured:
         remote_path: a remote round's engine requests as measured, per TP degree; they
             replace the paper's read, ``T_pre`` and send of a remote prefill
             (``AlphaBetaPerfModel.remote_stages_s``).
+        serving_stack: what ampd's coordinator and the client add to a round; None
+            where not measured (a round is then its engine requests alone).
     """
 
     kv_link: KvLink | None = None
@@ -148,6 +176,7 @@ class Measured:
     batching: EngineBatching | None = None
     request_overhead_s: float | None = None
     remote_path: dict[int, RemotePath] | None = None
+    serving_stack: ServingStack | None = None
 
 
 def measured_from_dict(data: dict) -> Measured:
@@ -162,7 +191,8 @@ def measured_from_dict(data: dict) -> Measured:
                     _optional_count("kv_bytes_per_token", data.get("kv_bytes_per_token")),
                     _batching(data.get("batching")),
                     None if overhead is None else _request_seconds("request_overhead_s", overhead),
-                    _remote_path(data.get("remote_path")))
+                    _remote_path(data.get("remote_path")),
+                    _seconds_tuple("serving_stack", data.get("serving_stack"), ServingStack))
 
 
 def measured_to_dict(measured: Measured) -> dict:
@@ -180,6 +210,8 @@ def measured_to_dict(measured: Measured) -> dict:
         out["request_overhead_s"] = measured.request_overhead_s
     if measured.remote_path is not None:
         out["remote_path"] = {str(tp): _remote_path_to_dict(path) for tp, path in sorted(measured.remote_path.items())}
+    if measured.serving_stack is not None:
+        out["serving_stack"] = measured.serving_stack._asdict()
     return out
 
 
@@ -254,14 +286,16 @@ def _remote_path_to_dict(path: RemotePath) -> dict:
     return out
 
 
-def _request_paths(field: str, value: object) -> RequestPaths | None:
+def _seconds_tuple(field: str, value: object, kind: type[_Times]) -> _Times | None:
+    """A JSON object holding each of ``kind``'s fields as one request's seconds
+    (``_request_seconds``); None for None."""
     if value is None:
         return None
-    data = _object(field, value, set(REQUEST_NAMES))
-    missing = [k for k in REQUEST_NAMES if k not in data]
+    data = _object(field, value, set(kind._fields))
+    missing = [k for k in kind._fields if k not in data]
     if missing:
         raise InputError(f"{field}: missing {missing[0]!r}")
-    return RequestPaths(*(_request_seconds(f"{field}.{name}", data[name]) for name in REQUEST_NAMES))
+    return kind(*(_request_seconds(f"{field}.{name}", data[name]) for name in kind._fields))
 
 
 def _remote_path(value: object) -> dict[int, RemotePath] | None:
@@ -285,7 +319,7 @@ def _remote_path(value: object) -> dict[int, RemotePath] | None:
             raise InputError(f"{field}.prefill: missing or malformed field: {exc}") from None
         paths[int(key)] = RemotePath(_linear(f"{field}.export", data["export"]), prefill,
                                      _linear(f"{field}.join", data["join"]),
-                                     _request_paths(f"{field}.paths_s", data.get("paths_s")))
+                                     _seconds_tuple(f"{field}.paths_s", data.get("paths_s"), RequestPaths))
     return paths
 
 

@@ -18,8 +18,9 @@ from ampd.perf.alphabeta import DecodeCost, PrefillCost
 from ampd.perf.calibrate import efficiency_for
 from ampd.perf.catalog import GpuSpec, ModelSpec, gpu, kv_bytes_per_token, model
 from ampd.perf.from_roofline import fit_from_roofline
-from ampd.perf.interface import RemoteStages, paper_remote_stages
-from ampd.perf.measured import EngineBatching, Measured, RequestPaths, measured_from_dict, measured_to_dict
+from ampd.perf.interface import RemoteStages, RoundPaths, paper_remote_stages
+from ampd.perf.measured import (EngineBatching, Measured, RequestPaths, ServingStack, measured_from_dict,
+                                measured_to_dict)
 from ampd.perf.memory import replica_kv_capacity_tokens
 from ampd.perf.resolve import resolve_gpu, resolve_model
 from ampd.perf.roofline import Roofline
@@ -31,7 +32,7 @@ FORMAT_V1 = "ampd.perf.alphabeta/1"
 # Top-level keys of a /2 object; any other is refused (a misspelt optional field would
 # otherwise be dropped without a word).
 _V2_KEYS = {"format", "model", "gpu", "topology", "tps", "fit_report", "kv_transfer", "kv_capacity_tokens",
-            "kv_bytes_per_token", "batching", "request_overhead_s", "remote_path"}
+            "kv_bytes_per_token", "batching", "request_overhead_s", "remote_path", "serving_stack"}
 
 
 @dataclass(frozen=True)
@@ -130,34 +131,51 @@ class AlphaBetaPerfModel:
     def remote_stages_s(self, hist_tokens: int, new_tokens: int, prefill: WorkerSpec,
                         decode: WorkerSpec) -> RemoteStages:
         """A remote prefill's stages, seconds. Where both workers' TP has a measured
-        ``RemotePath``: read 0; compute = the export request (its serving path and the
-        decode engine's time; none without history) then the prefill engine's request,
-        since serving sends both from the prefill worker's one slot (docs/SERVING.md,
-        "The KV path on NIXL"), so the export cannot overlap the previous task; send =
-        the decode engine's request to its first token. Else ``paper_remote_stages``.
-        The simulator and the router count a plain request's serving path
-        (``request_overhead_s``) for the prefill request and the join on their own; so
-        the compute and the send carry the measured paths' excess over it
-        (``remote_request_paths_s``; never below 0). A profile times both roles at one
-        TP, so all three requests are read at the prefill worker's TP (both workers' TP
-        must have been measured). A profile's engines were on one host: a cross-server
-        pair is timed as they were.
+        ``RemotePath``: read 0; compute = the export request then the prefill engine's
+        request, each with its serving path (``remote_request_paths_s``; no export
+        without history), since serving sends both from the prefill worker's one slot
+        (docs/SERVING.md, "The KV path on NIXL"), so the export cannot overlap the
+        previous task; send = the join, the decode engine's request, with its serving
+        path, to its first token. Else ``paper_remote_stages``, which hold no request's
+        serving path (``round_paths_s`` adds them). A profile times both roles at one TP,
+        so all three requests are read at the prefill worker's TP (both workers' TP must
+        have been measured). A profile's engines were on one host: a cross-server pair is
+        timed as they were.
 
         Raises:
             InputError: no cost function for the prefill's TP.
         """
-        if not (self.measured_remote_path(prefill.tp) and self.measured_remote_path(decode.tp)):
+        if not self.reads_measured_requests(prefill.tp, decode.tp):
             return paper_remote_stages(self, hist_tokens, new_tokens, prefill, decode)
         path = self.measured.remote_path[prefill.tp]
         paths = self.remote_request_paths_s(prefill.tp)
         export_s = paths.export + path.export(hist_tokens) if hist_tokens > 0 else 0.0
-        plain_s = self.request_overhead_s
-        return RemoteStages(0.0, max(0.0, export_s + path.prefill(hist_tokens, new_tokens) + paths.prefill - plain_s),
-                            max(0.0, path.join(new_tokens) + paths.join - plain_s))
+        return RemoteStages(0.0, export_s + path.prefill(hist_tokens, new_tokens) + paths.prefill,
+                            path.join(new_tokens) + paths.join)
+
+    def round_paths_s(self, prefill_tp: int | None, decode_tp: int) -> RoundPaths:
+        """A round's serving time outside what its stages hold (``RoundPaths``): a local
+        round (``prefill_tp`` None) makes one engine request (``request_overhead_s``); a
+        remote one makes two beside the paper's stages, none beside measured requests,
+        whose stages hold their paths (``remote_stages_s``). A measured serving stack
+        adds the coordinator's route and the client's leg to every round, and the
+        coordinator's dispatch and handoff to a remote one (``ServingStack``).
+        """
+        stack = self.measured.serving_stack or ServingStack(0.0, 0.0, 0.0, 0.0)
+        entry_s = stack.route_s + stack.client_s
+        if prefill_tp is None:
+            return RoundPaths(entry_s + self.request_overhead_s, 0.0)
+        engine_s = 0.0 if self.reads_measured_requests(prefill_tp, decode_tp) else self.request_overhead_s
+        return RoundPaths(entry_s + stack.dispatch_s + engine_s, stack.handoff_s + engine_s)
 
     def measured_remote_path(self, tp: int) -> bool:
         """Whether a profile measured a remote round's engine requests at TP ``tp``."""
         return tp in (self.measured.remote_path or {})
+
+    def reads_measured_requests(self, prefill_tp: int, decode_tp: int) -> bool:
+        """Whether a remote round from a prefill worker of ``prefill_tp`` to a decode
+        worker of ``decode_tp`` is timed by measured engine requests (both TPs measured)."""
+        return self.measured_remote_path(prefill_tp) and self.measured_remote_path(decode_tp)
 
     def remote_request_paths_s(self, tp: int) -> RequestPaths:
         """The serving path of each of a remote round's requests at TP ``tp``, seconds:

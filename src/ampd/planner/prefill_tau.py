@@ -46,8 +46,8 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
     good, the overflow going to the decode replicas, so a cell whose replicas could not
     carry the whole prefill work alone is a plan (the router keeps the longest
     prefills local). Up to ``_ROUTED_MAX_UTILISATION``: beyond, it is overloaded. Each cell records the share and the indices of the window's tasks that ran locally, and
-    its P95 is over every measured task, local ones at their ``T_pre`` (plus one engine
-    request's serving path, ``perf.request_overhead_s``): the router
+    its P95 is over every measured task, local ones at their ``T_pre`` (plus a local
+    round's serving path, ``perf.round_paths_s``): the router
     chose where they run, so their TTFT is part of what this side delivers.
 
     Args:
@@ -89,7 +89,8 @@ def _chains(stream: NominalStream, perf: PerfModel, tp: int, cross_server: bool)
     stages = [perf.remote_stages_s(h, x, prefill, decode) for h, x in sizes]
     return PrefillChains(stream.ready_s, [s.read_s for s in stages], [s.compute_s for s in stages],
                          [s.send_s for s in stages], stream.remote, stream.after_s, stream.next_task,
-                         perf.request_overhead_s, [perf.prefill_s(h, x, tp) for h, x in sizes])
+                         tuple(perf.round_paths_s(tp, tp)), perf.round_paths_s(None, tp).before_s,
+                         [perf.prefill_s(h, x, tp) for h, x in sizes])
 
 
 def _p95_s(ttft_s: np.ndarray, session: np.ndarray, scope: str) -> float:

@@ -30,11 +30,12 @@ class PrefillChains:
         local_s: shape (m,), a task's prefill when it runs on its decode replica,
             seconds (``T_pre``); None: ``compute_s`` (the two are one unless a profile
             measured a remote round's requests, which a local task does not make).
-        request_s: the serving path of one engine request (``perf.request_overhead_s``),
-            seconds: a remote task reaches the prefill replica that long after it is
-            ready and its first token comes that long after its KV (two requests; a
-            measured remote path's history export is in ``compute_s``); a local task
-            makes one.
+        remote_paths_s: a remote task's serving path outside its stages
+            (``perf.round_paths_s``: ``(before_s, after_s)``), seconds: it reaches the
+            prefill replica ``before_s`` after it is ready, and its first token comes
+            ``after_s`` after its send stage.
+        local_path_s: a local task's serving path (``perf.round_paths_s(None, tp)``'s
+            ``before_s``), seconds: it starts that long after it is ready.
     """
 
     arrival_s: np.ndarray
@@ -44,7 +45,8 @@ class PrefillChains:
     remote: np.ndarray
     after_s: np.ndarray
     next_task: np.ndarray
-    request_s: float = 0.0
+    remote_paths_s: tuple[float, float] = (0.0, 0.0)
+    local_path_s: float = 0.0
     local_s: np.ndarray | None = None
 
     def __post_init__(self) -> None:
@@ -84,9 +86,9 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
     queue, whether any remote task found every replica busy, and which tasks ran locally.
 
     Lindley's recursion for c servers, in ready order: a remote task goes to the replica
-    whose compute frees first, at ``f``; it computes from ``max(ready + request + read, f)``
-    and its first token arrives ``send + request`` later (``request``: the serving path of
-    an engine request, 0 but in a profile). The history read overlaps the previous task's
+    whose compute frees first, at ``f``; it computes from ``max(ready + before + read, f)``
+    and its first token arrives ``send + after`` later (``before``, ``after``: the round's
+    serving path, ``remote_paths_s``, 0 but in a profile). The history read overlaps the previous task's
     compute, as the simulator's lazy read does (exact whenever a read is shorter than the
     compute before it). The loop is closed: a session's next round is ready ``after_s``
     after this one's first token, so a slow prefill delays the session's later load, as
@@ -96,7 +98,7 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
     The router model (``local_above_s`` finite; docs/PLANNER.md, "Co-design"): a task
     the chains flag remote runs locally instead when the TTFT the adaptive router
     predicts for it at the replica that frees first, ``max(f - ready, 0) + read +
-    compute + send + 2 request`` (``ampd.policy.routing.PredictiveRouter``'s step 1 at the moment
+    compute + send + before + after`` (``ampd.policy.routing.PredictiveRouter``'s step 1 at the moment
     the task is ready), exceeds ``local_above_s`` (alpha x the TTFT threshold). Steps 2
     and 3 of Algorithm 1 are taken to run it locally (its decode replica within beta x
     the ITL threshold, or a local estimate below a remote one already above alpha x
@@ -113,7 +115,8 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
         return QueueRun(np.zeros(0), False, np.zeros(0, dtype=bool))
     ttft_s, waited, local = _lindley(chains.arrival_s, chains.read_s, chains.compute_s, chains.send_s,
                                      chains.remote, chains.after_s, chains.next_task, chains.opening,
-                                     num_servers, local_above_s, chains.request_s, chains.local_s)
+                                     num_servers, local_above_s, *chains.remote_paths_s, chains.local_path_s,
+                                     chains.local_s)
     return QueueRun(ttft_s, bool(waited), local)
 
 
@@ -123,7 +126,7 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
 # bit on the 256-GPU stream (docs/PLANNER.md, "Planning time").
 @numba.njit(cache=True)
 def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, opening, num_servers,
-             local_above_s, request_s, local_s):
+             local_above_s, path_before_s, path_after_s, local_path_s, local_s):
     pending = [(arrival_s[t], t) for t in opening]
     heapq.heapify(pending)
     free_s = [-math.inf] * num_servers
@@ -134,18 +137,18 @@ def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, o
         ready, t = heapq.heappop(pending)
         if routed and remote[t]:
             queued_s = free_s[0] - ready if free_s[0] > ready else 0.0
-            local[t] = queued_s + read_s[t] + compute_s[t] + send_s[t] + 2 * request_s > local_above_s
+            local[t] = queued_s + read_s[t] + compute_s[t] + send_s[t] + path_before_s + path_after_s > local_above_s
             # sent away from busy replicas: more replicas would have kept it, as a wait would
             waited = waited or (local[t] and queued_s > 0.0)
         if not local[t]:
-            start = ready + request_s + read_s[t]
+            start = ready + path_before_s + read_s[t]
             if free_s[0] > start:
                 start, waited = free_s[0], True
             end = start + compute_s[t]
             heapq.heapreplace(free_s, end)
-            first = end + send_s[t] + request_s
+            first = end + send_s[t] + path_after_s
         else:
-            first = ready + request_s + local_s[t]
+            first = ready + local_path_s + local_s[t]
         ttft_s[t] = first - ready
         if next_task[t] >= 0:
             heapq.heappush(pending, (first + after_s[t], next_task[t]))

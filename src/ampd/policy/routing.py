@@ -49,14 +49,16 @@ def remote_prefill_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView,
 
 def remote_estimate_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView, perf: PerfModel) -> float:
     """``t_remote_i`` of Algorithm 1: drain the prefill worker's queue, then
-    ``remote_prefill_s``, plus the serving path of its two engine requests
-    (``perf.request_overhead_s``: prefill engine, then decode engine; 0 in the
-    paper's model; a measured remote path's third, the history export, is in its
-    stage). [our choice] The first request is counted after the drain:
-    so it runs when served (the coordinator holds the queue); the simulator
-    sends it before the queue, where it overlaps a draining queue and the
-    estimate runs high by up to one request."""
-    return prefill.queue_drain_s + remote_prefill_s(task, decode, prefill, perf) + 2 * perf.request_overhead_s
+    ``remote_prefill_s``, plus the round's serving path (``perf.round_paths_s``: its
+    two engine requests' in the paper's model, 0 in a catalog model; what the serving
+    stack adds, where measured). [our choice] The path before the queue is counted
+    after the drain: so it runs when served (the coordinator holds the queue); the
+    simulator spends it before the queue, where it overlaps a draining queue and the
+    estimate runs high by up to that path."""
+    paths_s = sum(perf.round_paths_s(prefill.spec.tp, decode.spec.tp))
+    if not prefill.reads_history and perf.reads_measured_requests(prefill.spec.tp, decode.spec.tp):
+        paths_s += 2 * perf.request_overhead_s  # it recomputes: not the measured requests, whose stages hold their paths
+    return prefill.queue_drain_s + remote_prefill_s(task, decode, prefill, perf) + paths_s
 
 
 def local_estimate_s(task: PrefillTask, decode: WorkerView, perf: PerfModel,
@@ -68,16 +70,18 @@ def local_estimate_s(task: PrefillTask, decode: WorkerView, perf: PerfModel,
     (``ampd.policy.batching.local_prefill``): ``T_pre`` alone when the engine
     pauses the batch (the paper's formula, queued tasks at their ``cost_s``); the
     sum of its mixed steps when it prefills in chunks, queued tasks included.
-    Plus the serving path of its one engine request (``perf.request_overhead_s``)."""
+    Plus the round's serving path (``perf.round_paths_s``: its one engine request's,
+    and the serving stack's where measured)."""
     tp = decode.spec.tp
+    path_s = perf.round_paths_s(None, tp).before_s
 
     def ttft_s(t: PrefillTask) -> float:
         return local_prefill(perf, tp, batching, t.hist_tokens, t.new_tokens, decode.batch_size,
                              decode.context_tokens).ttft_s
 
     if batching.chunked:
-        return ttft_s(task) + sum(ttft_s(q.task) for q in decode.queue) + perf.request_overhead_s
-    return ttft_s(task) + sum(q.cost_s for q in decode.queue) + perf.request_overhead_s
+        return ttft_s(task) + sum(ttft_s(q.task) for q in decode.queue) + path_s
+    return ttft_s(task) + sum(q.cost_s for q in decode.queue) + path_s
 
 
 class AdaptiveRouter:

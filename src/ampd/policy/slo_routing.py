@@ -160,10 +160,11 @@ class SloRouter:
             ahead_ttft_s += ttft_s
             ahead_damage_s += spent_s
         left_s = slack_s - ahead_damage_s
+        path_s = self.perf.round_paths_s(None, decode.spec.tp).before_s
 
         def option(chunk_tokens: int | None) -> LocalOption:
             ttft_s, spent_s = self._run(task, decode, chunk_tokens)
-            ttft_s += waited_s + ahead_ttft_s + self.perf.request_overhead_s
+            ttft_s += waited_s + ahead_ttft_s + path_s
             return LocalOption(ttft_s, ahead_damage_s + spent_s,
                                chunk_tokens if self.per_task_chunks else None, spent_s <= left_s)
 

@@ -3,7 +3,8 @@ the simulator and the client (``ampd validate``, docs/PROFILING.md "Sim vs real"
 
 An end-to-end TTFT or ITL seen by the client includes everything between the engine
 and the client (the engine's API server, the coordinator's relay, the client itself);
-the simulator models the engines alone. Scraping each engine's ``/metrics`` before
+the simulator models the engines' requests, and the coordinator and the client by the
+means of a calibration (``ampd.perf.measured.ServingStack``). Scraping each engine's ``/metrics`` before
 and after a real run splits the two:
 
 - **ITL** three ways: the simulator's, the decode engines' (``vllm:inter_token_latency_seconds``,
@@ -16,7 +17,7 @@ and after a real run splits the two:
   run's own work under serving load, where the profile measured one probe at a time;
   and the simulator's three stages of the same rounds (``perf.remote_stages_s``: with a
   measured remote path, no read, the export and the prefill engine's request, and the
-  join, to set beside the coordinator's ``export`` + ``prefill`` and ``first_token``
+  join, each with its serving path, to set beside the coordinator's ``export`` + ``prefill`` and ``first_token``
   phases);
 - **KV transfers**: the engines' ``vllm:nixl_xfer_time_seconds`` (mean, count),
   which the profile times one at a time on idle engines;
@@ -29,7 +30,8 @@ and after a real run splits the two:
   the path. Beside them the profile's serving path of the same rounds (a local round's
   one engine request at ``perf.request_overhead_s``; a remote round's prefill request
   and join, and a measured remote path's history export, at
-  ``perf.remote_request_paths_s``), which the simulator adds;
+  ``perf.remote_request_paths_s``), which the simulator counts (the serving stack's
+  share is not in it);
 - **the coordinator's phases** (``coordinator_phases``): each coordinator's
   ``ampd_round_phase_seconds`` (``ampd.serve.round_phases``) over the run, the mean
   of each phase per route: where the rest of a TTFT lies.

@@ -1,6 +1,7 @@
-"""``ampd validate``: profile a configuration's engines (or load a profile), simulate
-its trace with the profile, replay the same trace against the real cluster, and
-compare (``ampd.profile.sim_vs_real``).
+"""``ampd validate``: profile a configuration's engines (or load a profile), measure
+the serving stack in front of them on a calibration trace (``calibrate_stack``),
+simulate its trace with the profile, replay the same trace against the real cluster,
+and compare (``ampd.profile.sim_vs_real``).
 
 Each real repeat starts the cluster afresh (cold caches, as the simulator starts) and
 draws fresh prompt ids (``seed + repeat``), so no repeat hits a prefix an earlier one
@@ -15,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +34,16 @@ from ampd.core.session import Round, Session
 from ampd.experiment import RunOutput, perf_model_for, sessions_for, simulate
 from ampd.profile.cpu_use import cpu_seconds, cpu_share
 from ampd.profile.engine_side import coordinator_phases, engine_side, snapshot_engines
+from ampd.profile.profile_file import FORMAT as PROFILE_FORMAT
 from ampd.profile.profile_file import profile_document, write
 from ampd.profile.run import ProfileGrid, fit, measure
 from ampd.profile.sim_vs_real import compare
+from ampd.profile.stack_probe import CALIBRATION_SEED_OFFSET, CALIBRATION_SESSIONS, MEASURED_BY_STACK, stack_from_phases
 from ampd.serve.clock import ScaledClock
 from ampd.serve.nixl_warmup import warm_nixl_pair
 from ampd.serve.replay import ReplayResult, replay
 from ampd.serve.up import LocalCluster
+from ampd.slo_rule import derive_slo
 
 # [our choice] A handshake has taken a minute on 2 loaded cores (docs/SERVING.md,
 # "First contact"); ten leaves room for both directions and a slower machine.
@@ -135,8 +142,9 @@ def profile_config(config: RunConfig, out_dir: Path, grid: ProfileGrid, progress
 
 def validate(config: RunConfig, out_dir: Path, repeats: int, vocab_size: int, timeout_s: float,
              max_context_tokens: int, grid: ProfileGrid, progress: bool = True,
-             profile_now: bool = False) -> Validation:
-    """Profile (unless ``config`` names a perf model and not ``profile_now``),
+             profile_now: bool = False, measure_stack: bool = True) -> Validation:
+    """Profile (unless ``config`` names a perf model and not ``profile_now``), measure
+    the serving stack (unless not ``measure_stack``: then the file's, if it has one),
     simulate, replay ``repeats`` times, compare (see the module docstring).
 
     Args:
@@ -148,10 +156,13 @@ def validate(config: RunConfig, out_dir: Path, repeats: int, vocab_size: int, ti
             (whose model and GPU specs the new profile keeps): a profile taken at
             another time times another machine where the host's speed drifts
             (docs/PROFILING.md, "Sim vs real").
+        measure_stack: serve a calibration trace first and time the simulator with
+            the coordinators' and the client's share it measures (``calibrate_stack``).
 
     Raises:
         InputError: ``repeats`` < 1, a trace with nothing that fits, or any error of
             the cluster, the profile or the simulation (named).
+        ProbeError: an engine failed a probe, or the calibration served no remote round.
     """
     if repeats < 1:
         raise InputError(f"validate: repeats must be >= 1, got {repeats}")
@@ -161,6 +172,9 @@ def validate(config: RunConfig, out_dir: Path, repeats: int, vocab_size: int, ti
     sessions, clipped = clip_to_context(sessions_for(config), max_context_tokens)
     if not sessions:
         raise InputError(f"validate: no session of the workload fits max_model_len {max_context_tokens}")
+    if measure_stack:
+        config = with_perf_model(config, str(calibrate_stack(config, hardware, out_dir, vocab_size, timeout_s,
+                                                             max_context_tokens, progress)))
     sim = simulate(config, sessions)
     replays = [_replay(config, hardware, sessions, sim, out_dir / f"logs-real-{i}", vocab_size, timeout_s,
                        config.seed + i, progress) for i in range(repeats)]
@@ -197,23 +211,73 @@ def _first_contact(config: RunConfig, workers: list[EngineWorker], model: str, v
                                p.url, d.url, exc)
 
 
+@contextmanager
+def _serving(config: RunConfig, hardware: RunConfig, log_dir: Path, vocab_size: int) -> Iterator[LocalCluster]:
+    """``config``'s cluster started (its coordinators route by ``config``'s profile; mock
+    engines are timed as ``hardware`` says, what was profiled), NIXL pairs past their
+    first contact."""
+    with LocalCluster(config, log_dir, engines_timed_by=hardware) as cluster:
+        if config.serve.engine == "vllm-nixl":
+            _first_contact(config, cluster.config.serve.workers, _model(config), vocab_size)
+        yield cluster
+
+
+def _model(config: RunConfig) -> str:
+    return config.serve.served_model or config.cluster.model
+
+
+def calibrate_stack(config: RunConfig, hardware: RunConfig, out_dir: Path, vocab_size: int, timeout_s: float,
+                    max_context_tokens: int, progress: bool) -> Path:
+    """Measure the serving stack (``ampd.profile.stack_probe``) on ``config``'s cluster,
+    started afresh, with a calibration trace: ``CALIBRATION_SESSIONS`` sessions of the
+    workload drawn with seed ``seed + CALIBRATION_SEED_OFFSET``; write
+    ``out_dir/profile.json``: ``config``'s perf model file (a profile or a perf model)
+    with the measured ``serving_stack`` (and, in a profile, its report in
+    ``fit_report.serving_stack``); the path.
+
+    Raises:
+        InputError: the cluster did not start, or no calibration session fits
+            ``max_context_tokens``.
+        ProbeError: the calibration served no remote round.
+    """
+    seed = config.seed + CALIBRATION_SEED_OFFSET
+    drawn = sessions_for(config.model_copy(update={"seed": seed}))[:CALIBRATION_SESSIONS]
+    sessions, _ = clip_to_context(drawn, max_context_tokens)
+    if not sessions:
+        raise InputError(f"validate: no calibration session fits max_model_len {max_context_tokens}")
+    slo = derive_slo(perf_model_for(config), sessions)  # the replay's summary needs thresholds; not read
+    with _serving(config, hardware, out_dir / "logs-stack", vocab_size) as cluster:
+        before = asyncio.run(snapshot_engines(cluster.urls))
+        run = asyncio.run(replay(cluster.urls[0], sessions, model=_model(config),
+                                 clock=ScaledClock(config.serve.time_scale), ttft_slo_s=slo.ttft_s,
+                                 itl_slo_s=slo.itl_s, vocab_size=vocab_size, seed=seed, timeout_s=timeout_s,
+                                 progress=progress))
+        phases = coordinator_phases(before, asyncio.run(snapshot_engines(cluster.urls)))
+    stack = stack_from_phases(phases, run.sessions)
+    source = Path(config.cluster.perf_model)
+    document = json.loads(source.read_text())
+    report = {"sessions": len(sessions), "seed": seed, "failed_sessions": len(run.failed), "coordinator_phases": phases,
+              "measured_by": MEASURED_BY_STACK}
+    if document.get("format") == PROFILE_FORMAT:
+        document["perf_model"]["serving_stack"] = stack._asdict()
+        document["fit_report"]["serving_stack"] = report
+    else:
+        document["serving_stack"] = stack._asdict()
+    return write(document, out_dir / "profile.json")
+
+
 def _replay(config: RunConfig, hardware: RunConfig, sessions: list[Session], sim: RunOutput, log_dir: Path,
             vocab_size: int, timeout_s: float, seed: int, progress: bool) -> tuple[ReplayResult, dict[str, Any]]:
-    """One real run and its engine-side figures: the coordinators route by
-    ``config``'s profile; mock engines are timed as ``hardware`` says (what was
-    profiled), not by the profile."""
-    with LocalCluster(config, log_dir, engines_timed_by=hardware) as cluster:
-        model = config.serve.served_model or config.cluster.model
+    """One real run and its engine-side figures (the cluster as ``_serving`` starts it)."""
+    with _serving(config, hardware, log_dir, vocab_size) as cluster:
         workers = cluster.config.serve.workers
-        if config.serve.engine == "vllm-nixl":
-            _first_contact(config, workers, model, vocab_size)
         before = asyncio.run(snapshot_engines([w.url for w in workers]))
         coordinators_before = asyncio.run(snapshot_engines(cluster.urls))
         cpu_before, started_s = _cpu_seconds(cluster), time.monotonic()
-        run = asyncio.run(replay(cluster.urls[0], sessions, model=model, clock=ScaledClock(config.serve.time_scale),
-                                 ttft_slo_s=sim.slo.ttft_s, itl_slo_s=sim.slo.itl_s, scope=config.slo.scope,
-                                 vocab_size=vocab_size, seed=seed, timeout_s=timeout_s, progress=progress,
-                                 plan=sim.plan))
+        run = asyncio.run(replay(cluster.urls[0], sessions, model=_model(config),
+                                 clock=ScaledClock(config.serve.time_scale), ttft_slo_s=sim.slo.ttft_s,
+                                 itl_slo_s=sim.slo.itl_s, scope=config.slo.scope, vocab_size=vocab_size, seed=seed,
+                                 timeout_s=timeout_s, progress=progress, plan=sim.plan))
         cpu = cpu_share(cpu_before, _cpu_seconds(cluster), time.monotonic() - started_s)
         after = asyncio.run(snapshot_engines([w.url for w in workers]))
         phases = coordinator_phases(coordinators_before, asyncio.run(snapshot_engines(cluster.urls)))

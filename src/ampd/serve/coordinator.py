@@ -84,7 +84,8 @@ class Coordinator:
         slots = {i: PREFILL_SLOTS[w.kind] for i, w in prefill.items()}
         self.dispatcher = PrefillDispatcher(store, self.engines, queue_policy, clock, options.replica_id, prefill,
                                             slots, options.kv_timeout_s, self.health.mark_dead,
-                                            2 * ctx.perf.request_overhead_s)
+                                            max(sum(ctx.perf.round_paths_s(w.spec.tp, w.spec.tp))
+                                                for w in prefill.values()) if prefill else 0.0)
         self.mirror = StateMirror(store, sorted(ctx.workers), clock) if StateMirror.supported(store) else None
         self.sessions = SessionBook(ctx, self.health, self.view, self.mirror)
         self.histories = HistoryIndex(store, options.session_block_tokens)

@@ -40,10 +40,11 @@ class PrefillDispatcher:
         slots: tasks a worker's engine takes at once (docs/SERVING.md).
         timeout_s: longest engine call, model seconds.
         on_engine_down: called with a worker id whose engine is unreachable.
-        after_s: what follows a task leaving the queue besides its prefill, before
-            its first token, model seconds: the serving path of its two engine
-            requests (``2 x perf.request_overhead_s``), the same for every task,
-            so the queue policy counts it as a delay.
+        after_s: what follows a task leaving the queue besides its stages, before
+            its first token, model seconds: the round's serving path
+            (``perf.round_paths_s``, counted after the queue as the routers count
+            it; the largest over the prefill workers' TPs), the same for every
+            task, so the queue policy counts it as a delay.
     """
 
     def __init__(self, store: StateStore, engines: EngineClient, queue_policy: QueuePolicy, clock: ScaledClock,

@@ -110,8 +110,11 @@ class SimCluster:
             kv = SessionKvCache(self.perf.kv_capacity_tokens(spec.tp), options.kv_retention, options.pin_ttl_s)
             return SimDecodeWorker(spec, self.loop, self.perf, queue_policy, self, options.window_s,
                                    options.batching, kv, itl_slo_s=options.itl_slo_s)
+        # Read at the prefill worker's TP for both ends: a profile that measured the engines'
+        # requests measured one TP, and a deployment with another is refused.
         return SimPrefillWorker(spec, self.loop, self.perf, queue_policy, self, options.window_s,
-                                lambda worker_id: self.specs[worker_id], self.perf.request_overhead_s)
+                                lambda worker_id: self.specs[worker_id],
+                                self.perf.round_paths_s(spec.tp, spec.tp).after_s)
 
     def run(self, sessions: list[Session], limits: RunLimits | None = None) -> SimResult:
         """Simulate ``sessions``: to completion, or as ``limits`` say (the run ends
@@ -193,9 +196,11 @@ class SimCluster:
                                               recomputed_tokens=hist_tokens - cached))
         decision = self.router.route(task, self.view(), self.loop.now_s)
         self.result.routes.append(decision)
-        overhead_s = self.perf.request_overhead_s
-        if overhead_s > 0:  # the request crosses the serving path to its engine
-            self.loop.after(overhead_s, self._enqueue, task, decision)
+        decode_tp = self.specs[live.decode_worker].tp
+        prefill_tp = None if decision.local else self.specs[decision.worker_id].tp
+        before_s = self.perf.round_paths_s(prefill_tp, decode_tp).before_s
+        if before_s > 0:  # the request crosses the serving path to its engine
+            self.loop.after(before_s, self._enqueue, task, decision)
         else:  # at once, so a catalog model's events keep their order
             self._enqueue(task, decision)
 

@@ -34,9 +34,10 @@ class SimPrefillWorker:
 
     Args:
         decode_spec: maps a decode worker id to its spec (for transfer times).
-        after_s: from a task's KV arriving to its first token, seconds: the
-            decode engine's request in ``SimCluster`` (``perf.request_overhead_s``);
-            0 in a mock engine, whose requests are real. The queue policy counts it
+        after_s: from a task's send stage to its first token, seconds: in
+            ``SimCluster``, ``perf.round_paths_s``'s ``after_s`` (the decode engine's
+            request and the serving stack's handoff, where they are not in the
+            stages); 0 in a mock engine, whose requests are real. The queue policy counts it
             in each task's completion.
     """
 
