@@ -116,6 +116,9 @@ def test_a_serving_stack_adds_its_phases_where_a_round_meets_them():
         {**hand_model(), "remote_path": REMOTE_PATH}).remote_stages_s(1000, 100, P0, D1)
     assert AlphaBetaPerfModel.from_json(measured.to_json()) == measured
     assert json.loads(measured.to_json())["serving_stack"] == stack
+    # A negative zero is a zero: written back without its sign.
+    signed = _from({**hand_model(), "serving_stack": {**stack, "handoff_s": -0.0}})
+    assert str(json.loads(signed.to_json())["serving_stack"]["handoff_s"]) == "0.0"
 
 
 def test_a_catalog_build_is_written_in_v2_with_full_specs_and_read_back_identical():
@@ -195,6 +198,14 @@ def test_bad_values_are_refused_naming_the_field(change, message):
     change(data)
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
         _from(data)
+
+
+def test_a_huge_value_is_cut_short_in_the_message():
+    stack = {"route_s": 10**400, "dispatch_s": 0, "handoff_s": 0, "client_s": 0}
+    with pytest.raises(InputError) as err:
+        _from({**hand_model(), "serving_stack": stack})
+    assert str(err.value) == ("serving_stack.route_s: expected a finite number >= 0, got "
+                              "10000000000000000000...(401 characters)")
 
 
 def test_load_reads_a_model_or_a_profile_holding_one(tmp_path):

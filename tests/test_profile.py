@@ -257,9 +257,10 @@ def test_a_profile_times_a_remote_round_with_its_requests_own_serving_paths():
     perf = AlphaBetaPerfModel.from_json(json.dumps(doc["perf_model"]))
     p0, d1 = WorkerSpec(0, Role.PREFILL, 1, 0), WorkerSpec(1, Role.DECODE, 1, 0)
     # 1,000 tokens of history, 100 new: the export 4 + 20 + 1 ms, the prefill request
-    # 30 + 20 + 10 ms and its path's 9 - 5 ms beyond a plain request's; the join 25 + 1 ms
-    # and its 5 - 5 ms.
-    assert perf.remote_stages_s(1000, 100, p0, d1) == pytest.approx((0.0, 0.025 + 0.06 + 0.004, 0.026), rel=1e-3)
+    # 30 + 20 + 10 ms and its 9 ms path; the join 25 + 1 ms and its 5 ms path. The stages
+    # hold every request's path, so the round adds none beside them.
+    assert perf.remote_stages_s(1000, 100, p0, d1) == pytest.approx((0.0, 0.025 + 0.06 + 0.009, 0.031), rel=1e-3)
+    assert perf.round_paths_s(1, 1) == (0.0, 0.0)
 
 
 def test_ampd_profile_writes_a_profile_and_its_plots(tmp_path, capsys):

@@ -42,6 +42,10 @@ def test_a_calibration_with_no_remote_round_is_refused_naming_what_is_unmeasured
         stack_from_phases({"local": PHASES["local"]}, _client([0.07]))
     with pytest.raises(ProbeError, match="served no round"):
         stack_from_phases({}, _client([0.07]))
+    # Without prefill engines (colocated replicas) no round is remote: nothing to dispatch or
+    # hand off. Route 4 ms; the client waited 70 ms against the coordinator's 64.
+    assert stack_from_phases({"local": PHASES["local"]}, _client([0.07]), prefill_engines=False) == pytest.approx(
+        (0.004, 0.0, 0.0, 0.006))
 
 
 def test_a_simulated_round_waits_the_stack_where_serving_meets_it():

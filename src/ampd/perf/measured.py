@@ -20,8 +20,9 @@ from ampd.core.errors import AmpdError, InputError
 from ampd.perf.alphabeta import PrefillCost
 
 # [our choice] An engine request whose serving path, or whose fixed time on an idle engine (a
-# remote path's export and join), takes this long is not a latency to model but a broken
-# engine or a mistyped unit (milliseconds for seconds): refused.
+# remote path's export and join), or a serving stack's phase, that takes this long is not a
+# latency to model but a broken engine or coordinator or a mistyped unit (milliseconds for
+# seconds): refused.
 MAX_REQUEST_OVERHEAD_S = 10.0
 
 # How a decode engine runs a local prefill among its decode steps (``ampd.sim.decode_worker.Batching``
@@ -235,16 +236,22 @@ def _seconds(field: str, value: object) -> float:
     except OverflowError:  # an integer past a float's range
         number = math.inf
     if not math.isfinite(number) or number < 0:
-        raise InputError(f"{field}: expected a finite number >= 0, got {value!r}")
-    return number
+        raise InputError(f"{field}: expected a finite number >= 0, got {_shown(value)}")
+    return number + 0.0  # -0.0 is written back as 0
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error message, cut short (a 400-digit integer is not read)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
 
 
 def _request_seconds(field: str, value: object) -> float:
     """``_seconds`` of one engine request's time, at most ``MAX_REQUEST_OVERHEAD_S``."""
     seconds = _seconds(field, value)
     if seconds > MAX_REQUEST_OVERHEAD_S:
-        raise InputError(f"{field}: {value} s is more than {MAX_REQUEST_OVERHEAD_S:g} s: an engine request on an "
-                         f"idle engine takes milliseconds (is it in ms?)")
+        raise InputError(f"{field}: {value} s is more than {MAX_REQUEST_OVERHEAD_S:g} s: a request's serving "
+                         f"path and time on an idle engine take milliseconds (is it in ms?)")
     return seconds
 
 

@@ -37,13 +37,16 @@ MEASURED_BY_STACK = ("coordinators: ampd_round_phase_seconds (route over every r
                      "over a calibration trace drawn with another seed than the compared trace")
 
 
-def stack_from_phases(phases: Mapping[str, Mapping[str, float]], sessions: Sequence[SessionRecord]) -> ServingStack:
+def stack_from_phases(phases: Mapping[str, Mapping[str, float]], sessions: Sequence[SessionRecord],
+                      prefill_engines: bool = True) -> ServingStack:
     """The serving stack from one calibration run.
 
     Args:
         phases: ``ampd.profile.engine_side.coordinator_phases`` of the run: per route
             label, ``rounds`` and each phase's mean (``<phase>_s``), seconds.
         sessions: the client's records of the same run (model seconds).
+        prefill_engines: whether the cluster had any; without, no round can be remote
+            and ``dispatch_s`` and ``handoff_s`` are 0 (nothing to add to a round).
 
     Returns:
         ``route_s``: the mean route phase over every round; ``dispatch_s`` and
@@ -52,13 +55,15 @@ def stack_from_phases(phases: Mapping[str, Mapping[str, float]], sessions: Seque
         the coordinators' mean TTFT over theirs (>= 0).
 
     Raises:
-        ProbeError: no round served, or none remotely (the dispatch and handoff are
-            then unmeasured).
+        ProbeError: no round served, or none remotely on a cluster with prefill
+            engines (the dispatch and handoff are then unmeasured).
     """
     rounds = sum(p["rounds"] for p in phases.values())
     if not rounds:
         raise ProbeError("serving stack: the coordinators served no round of the calibration trace")
     remote = phases.get("remote")
+    if not remote and not prefill_engines:
+        remote = {"queue_s": 0.0, "handoff_s": 0.0}
     if not remote:
         raise ProbeError("serving stack: no calibration round was served remotely, so the coordinator's dispatch "
                          "and handoff are unmeasured; use a system that sends rounds to the prefill engines "

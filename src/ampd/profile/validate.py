@@ -238,7 +238,8 @@ def calibrate_stack(config: RunConfig, hardware: RunConfig, out_dir: Path, vocab
     Raises:
         InputError: the cluster did not start, or no calibration session fits
             ``max_context_tokens``.
-        ProbeError: the calibration served no remote round.
+        ProbeError: the calibration served no remote round on a cluster with prefill
+            engines.
     """
     seed = config.seed + CALIBRATION_SEED_OFFSET
     drawn = sessions_for(config.model_copy(update={"seed": seed}))[:CALIBRATION_SESSIONS]
@@ -253,7 +254,8 @@ def calibrate_stack(config: RunConfig, hardware: RunConfig, out_dir: Path, vocab
                                  itl_slo_s=slo.itl_s, vocab_size=vocab_size, seed=seed, timeout_s=timeout_s,
                                  progress=progress))
         phases = coordinator_phases(before, asyncio.run(snapshot_engines(cluster.urls)))
-    stack = stack_from_phases(phases, run.sessions)
+        prefill_engines = any(w.role == "prefill" for w in cluster.config.serve.workers)
+    stack = stack_from_phases(phases, run.sessions, prefill_engines)
     source = Path(config.cluster.perf_model)
     document = json.loads(source.read_text())
     report = {"sessions": len(sessions), "seed": seed, "failed_sessions": len(run.failed), "coordinator_phases": phases,
