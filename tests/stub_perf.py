@@ -38,9 +38,6 @@ class StubPerf:
     def measured_remote_path(self, tp: int) -> bool:
         return False
 
-    def reads_measured_requests(self, prefill_tp: int, decode_tp: int) -> bool:
-        return False
-
     def round_paths_s(self, prefill_tp: int | None, decode_tp: int) -> RoundPaths:
         # The paper's stages hold no request's path: a remote round's two requests, a local one's.
         o = self.request_overhead_s

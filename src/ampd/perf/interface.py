@@ -94,10 +94,6 @@ class PerfModel(Protocol):
         """Whether a profile measured a remote round's engine requests at TP ``tp`` (then
         ``remote_stages_s`` of two workers of that TP are those requests)."""
 
-    def reads_measured_requests(self, prefill_tp: int, decode_tp: int) -> bool:
-        """Whether ``remote_stages_s`` from a prefill worker of ``prefill_tp`` to a decode
-        worker of ``decode_tp`` are measured engine requests (both TPs measured)."""
-
     def remote_request_paths_s(self, tp: int) -> RequestPaths:
         """The serving path of each of a remote round's engine requests (export, prefill,
         join) at TP ``tp``, seconds: as a profile timed them, else each

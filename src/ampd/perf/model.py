@@ -33,6 +33,8 @@ FORMAT_V1 = "ampd.perf.alphabeta/1"
 # otherwise be dropped without a word).
 _V2_KEYS = {"format", "model", "gpu", "topology", "tps", "fit_report", "kv_transfer", "kv_capacity_tokens",
             "kv_bytes_per_token", "batching", "request_overhead_s", "remote_path", "serving_stack"}
+# No measured serving stack: nothing added (one tuple, as round_paths_s runs on every routing estimate).
+_NO_STACK = ServingStack(0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ class AlphaBetaPerfModel:
         adds the coordinator's route and the client's leg to every round, and the
         coordinator's dispatch and handoff to a remote one (``ServingStack``).
         """
-        stack = self.measured.serving_stack or ServingStack(0.0, 0.0, 0.0, 0.0)
+        stack = self.measured.serving_stack or _NO_STACK
         entry_s = stack.route_s + stack.client_s
         if prefill_tp is None:
             return RoundPaths(entry_s + self.request_overhead_s, 0.0)

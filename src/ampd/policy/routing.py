@@ -51,13 +51,13 @@ def remote_estimate_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView
     """``t_remote_i`` of Algorithm 1: drain the prefill worker's queue, then
     ``remote_prefill_s``, plus the round's serving path (``perf.round_paths_s``: its
     two engine requests' in the paper's model, 0 in a catalog model; what the serving
-    stack adds, where measured). [our choice] The path before the queue is counted
+    stack adds, where measured; engines that recompute history are timed by a perf
+    model without measured requests, ``ampd.experiment.perf_model_for``, so their
+    round makes two). [our choice] The path before the queue is counted
     after the drain: so it runs when served (the coordinator holds the queue); the
     simulator spends it before the queue, where it overlaps a draining queue and the
     estimate runs high by up to that path."""
     paths_s = sum(perf.round_paths_s(prefill.spec.tp, decode.spec.tp))
-    if not prefill.reads_history and perf.reads_measured_requests(prefill.spec.tp, decode.spec.tp):
-        paths_s += 2 * perf.request_overhead_s  # it recomputes: not the measured requests, whose stages hold their paths
     return prefill.queue_drain_s + remote_prefill_s(task, decode, prefill, perf) + paths_s
 
 

