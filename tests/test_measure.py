@@ -194,6 +194,26 @@ def test_the_ray_path_gives_the_process_pools_rows():
     assert json.dumps(on_ray) == json.dumps(pool) and len(pool) == 2  # as text: NaN fields compare equal
 
 
+def test_a_batch_that_fails_part_way_keeps_the_points_that_finished(tmp_path, monkeypatch):
+    # The cache is written as each point finishes: a sweep interrupted (or failing) at its
+    # second point resumes without running the first again.
+    configs = [override(BASE, seed=s) for s in (1, 2)]
+    ran = []
+
+    def point(data):
+        if data["seed"] == 2:
+            raise RuntimeError("the second point fails")
+        ran.append(data["seed"])
+        return {"seed": data["seed"]}
+
+    monkeypatch.setattr("ampd.runner._point", point)
+    runner = PointRunner(1, progress=False, cache_dir=tmp_path)
+    with pytest.raises(RuntimeError):
+        runner(configs)
+    assert ran == [1] and len(list(tmp_path.iterdir())) == 1
+    assert runner(configs[:1]) == [{"seed": 1}] and ran == [1]  # read back, not run again
+
+
 def test_the_point_cache_digest_covers_every_module_a_point_runs():
     # A cached row is reused while the digest is unchanged: every ampd module that
     # ``simulate`` imports, directly or not, must be inside the digest.

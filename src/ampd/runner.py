@@ -15,8 +15,8 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from tqdm import tqdm
@@ -82,31 +82,34 @@ class PointRunner:
         todo = [i for i, row in enumerate(rows) if row is None]
         bar = tqdm(total=len(configs), initial=len(configs) - len(todo), desc="simulating", unit="run",
                    disable=not self.progress)
-        for i, row in zip(todo, self._run([data[i] for i in todo], bar)):
-            rows[i] = row
-            self._store(data[i], row)
+        for k, row in self._run([data[i] for i in todo], bar):
+            rows[todo[k]] = row
+            self._store(data[todo[k]], row)
         bar.close()
         return rows
 
-    def _run(self, data: list[dict], bar: tqdm) -> list[dict]:
+    def _run(self, data: list[dict], bar: tqdm) -> Iterator[tuple[int, dict]]:
+        """Each point's index in ``data`` and its row, as each finishes, so the cache
+        keeps every finished point when a later one fails or the batch is interrupted."""
         if self._ray_point is not None:
             import ray
-            refs = [self._ray_point.remote(d) for d in data]
-            for ref in refs:
-                ray.wait([ref])
+            pending = {self._ray_point.remote(d): k for k, d in enumerate(data)}
+            while pending:
+                (done,), _ = ray.wait(list(pending), num_returns=1)
                 bar.update()
-            return ray.get(refs)
+                yield pending.pop(done), ray.get(done)
+            return
         if self.jobs == 1 or len(data) <= 1:
-            out = []
-            for d in data:
-                out.append(_point(d))
+            for k, d in enumerate(data):
+                row = _point(d)
                 bar.update()
-            return out
+                yield k, row
+            return
         with ProcessPoolExecutor(min(self.jobs, len(data))) as pool:
-            futures = [pool.submit(_point, d) for d in data]
-            for f in futures:
-                f.add_done_callback(lambda _: bar.update())
-            return [f.result() for f in futures]
+            futures = {pool.submit(_point, d): k for k, d in enumerate(data)}
+            for f in as_completed(futures):
+                bar.update()
+                yield futures[f], f.result()
 
     def _path(self, data: dict) -> Path:
         text = _code_digest() + json.dumps(data, sort_keys=True)
