@@ -1,10 +1,10 @@
 """The planner's deployment for ``ampd-slo`` ranked by capacity: on the reproduce
 grid's 8- and 16-GPU cells (3 models x ToolBench, HotpotQA, DuReader on H20), the
-capacity of the planner's own pick at the cell's reference rate (the ILP's first plan,
-what ``ampd reproduce`` runs as ``ampd-slo [planner]``) against the pick of
-``[planner] refine_top_k = 5, refine_by = "capacity"`` (``ampd.planning.plan_for``: the
-ILP's top 5 drawn at the planner's knee, the highest rate its best plan keeps Z <= 1,
-ranked by capacity), beside every baseline's capacity on its best searched deployment,
+capacity of the planner's own pick at the cell's reference rate (the ILP's first plan)
+against the pick of ``[planner] refine_top_k = 5, refine_by = "capacity"``
+(``ampd.planning.plan_for``: the ILP's top 5 drawn at the planner's knee, the highest
+rate its best plan keeps Z <= 1, ranked by capacity; what ``ampd reproduce`` runs as
+``ampd-slo [planner]``, ``grid.PLANNER_OPTIONS``), beside every baseline's capacity on its best searched deployment,
 and ``ampd-slo``'s on the best baseline's deployment, all from one run of the same
 code (``ampd.reproduce.run``: thresholds, reference rate, deployment search and
 capacity search as the grid runs them; the point cache of ``ampd reproduce`` answers

@@ -4,10 +4,15 @@ import json
 import pytest
 
 from ampd.cli.main import main
+from ampd.config import override
 from ampd.perf import build_perf_model
+from ampd.plan_simulation import simulate_capacities
+from ampd.planning import knee_rate_per_s, plan_for
 from ampd.reproduce import analysis, grid
 from ampd.reproduce.deployments import colocated_candidates, disaggregated_candidates
+from ampd.reproduce.run import prepare
 from ampd.reproduce.search import coarse, same_pair
+from ampd.runner import PointRunner
 
 
 def test_disaggregated_candidates_of_a_70b_model_on_8_h20():
@@ -70,11 +75,25 @@ def test_tiny_reproduce_end_to_end_and_resume(tmp_path, monkeypatch):
     monkeypatch.setattr("ampd.measure.plan.MIN_WINDOW_SESSIONS", 300)  # in-process (--jobs 1): shorter runs,
     monkeypatch.setattr("ampd.measure.window.MIN_VERDICT_SESSIONS", 150)  # still judged
     monkeypatch.setattr(grid, "QUICK_KNOBS", {"reorder_window": (2, 3), "alpha": (0.9,), "beta": (0.85,)})
+    monkeypatch.setattr(grid, "PLANNER_OPTIONS", {"ampd": {"refine_top_k": 2, "refine_by": "capacity"}})
     argv = ["reproduce", "--quick", "--jobs", "1", "--quiet", "--out", str(tmp_path)]
     assert main(argv) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     chosen = {b["system"]: b["chosen_by"] for b in results["tables"]["best_deployments"]}
-    assert chosen == {"ampd": "search", "pd-disagg": "search", "vllm": "search", "ampd [planner]": "planner"}
+    assert chosen == {"ampd": "search", "pd-disagg": "search", "vllm": "search",
+                      "ampd [planner]": "planner, top 2 by capacity"}
+    # The [planner] row runs the ILP's plan, of its two best at the planner's knee, that carries the
+    # most, as simulating both here (every run read back from the grid's cache) finds.
+    runner = PointRunner(1, False, tmp_path / "points")
+    (cell,) = prepare(grid.cells(quick=True), runner)
+    config = override(cell.config, system="ampd", cluster={"deployment": "auto"})
+    drawn = [p.deployment for p in plan_for(override(config, workload={"rate_per_s": knee_rate_per_s(config)}), 2)]
+    capacities = simulate_capacities(config, drawn, runner)
+    planned = {b["system"]: b["deployment"] for b in results["tables"]["best_deployments"]}["ampd [planner]"]
+    assert planned == str(drawn[capacities.index(max(capacities))])
+    # ... and the check can tell: the two carry different loads, and the ILP's first plan at the
+    # reference rate (what the row would run were the options ignored) is another deployment.
+    assert capacities[0] != capacities[1] and planned != str(plan_for(config, 1)[0].deployment)
     systems = {r["system"] for r in results["grid"]}
     assert systems == set(chosen)
     assert len(results["grid"]) == len(chosen) * len(grid.QUICK_RATE_FRACTIONS)

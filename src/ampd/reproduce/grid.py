@@ -36,6 +36,11 @@ SEARCH_FRACTION = 1.0  # the rate of the deployment search, the latency breakdow
 # Disaggregated systems: the AMPD family on the planner's deployment (the search when the planner
 # finds no feasible plan), the baselines on their best deployment (search.py).
 PLANNED = " [planner]"  # label suffix of an adaptive system run on the planner's deployment
+# The planner's options per system for its [planner] row [our choice]: the new policy, `ampd-slo`, is
+# planned as its planner is built to be used, the ILP's top 5 drawn at the planner's knee and ranked
+# by simulated capacity (docs/PLANNER.md, "Capacity-ranked refinement"; the issue's "optional
+# simulation-refined top-k"); the paper's `ampd` and `ampd-predictive` keep the ILP's first plan.
+PLANNER_OPTIONS = {"ampd-slo": {"refine_top_k": 5, "refine_by": "capacity"}}
 DISAGGREGATED = ("ampd", "ampd-predictive", "ampd-slo", "pd-disagg", "dynamo-length", "dynamo-busy",
                  "dynamo-conditional")
 COLOCATED = ("vllm", "vllm-chunked", "continuum")

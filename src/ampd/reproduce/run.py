@@ -16,7 +16,7 @@ from ampd.core.deployment import Deployment
 from ampd.core.errors import InputError
 from ampd.experiment import measure_for, perf_model_for, sample_sessions
 from ampd.perf.interface import PerfModel
-from ampd.planning import resolve_deployment
+from ampd.planning import plan_for
 from ampd.policy.systems import SYSTEMS
 from ampd.reproduce import grid
 from ampd.reproduce.capacity import prefill_bound_rate_per_s
@@ -75,9 +75,9 @@ def _even_split(perf: PerfModel, num_gpus: int) -> Deployment:
 def search_best(cells: list[Prepared], run: PointRunner, quick: bool) -> dict[tuple[str, str], tuple[Deployment, str]]:
     """Each (cell label, system label)'s deployment and how it was chosen: the
     search (``search.py``) for every system, at the reference capacity, and for the
-    AMPD family also the planner's best plan there, under the label
-    ``<system> [planner]`` (experiments use the planner's choice for AMPD), when
-    the planner finds a feasible plan. Candidates are ranked on shorter runs
+    AMPD family also the planner's best plan there (with the system's
+    ``grid.PLANNER_OPTIONS``), under the label ``<system> [planner]`` (experiments
+    use the planner's choice for AMPD), when the planner finds a feasible plan. Candidates are ranked on shorter runs
     (``_screening``). With ``quick``, the coarse search only."""
     disaggregated, colocated = grid.systems(quick)
     planned, searches, pools = {}, {}, {}
@@ -88,9 +88,9 @@ def search_best(cells: list[Prepared], run: PointRunner, quick: bool) -> dict[tu
             key = (p.cell.label, system)
             pools[key] = pd_all
             searches[key] = (override(screening, system=system), coarse(pd_all, p.cell.num_gpus))
-            plan = _planned(p, system) if SYSTEMS[system].adaptive else None
+            plan = _planned(p, system, run) if SYSTEMS[system].adaptive else None
             if plan is not None:
-                planned[(p.cell.label, system + grid.PLANNED)] = (plan, "planner")
+                planned[(p.cell.label, system + grid.PLANNED)] = (plan, planned_by(system))
         for system in colocated:
             searches[(p.cell.label, system)] = (override(screening, system=system),
                                                 colocated_candidates(p.perf, p.cell.num_gpus))
@@ -108,12 +108,25 @@ def _screening(config: RunConfig) -> RunConfig:
     return override(config, measure={"window_s": grid.SCREEN_WINDOW_SHARE * plan.window_s})
 
 
-def _planned(p: Prepared, system: str) -> Deployment | None:
+def _planned(p: Prepared, system: str, run: PointRunner) -> Deployment | None:
+    """The planner's first plan for ``system`` in cell ``p`` with its
+    ``grid.PLANNER_OPTIONS`` (a refinement's simulations through ``run``, so they
+    are cached with the grid's); None when the planner finds no feasible plan."""
+    config = override(p.config, system=system, cluster={"deployment": "auto"},
+                      planner=grid.PLANNER_OPTIONS.get(system, {}))
     try:
-        config = resolve_deployment(override(p.config, system=system, cluster={"deployment": "auto"}))
+        return plan_for(config, top_k=1, runner=run)[0].deployment
     except InputError:
         return None
-    return Deployment.parse(config.cluster.deployment)
+
+
+def planned_by(system: str) -> str:
+    """How a ``[planner]`` row's deployment was chosen, as the tables say it:
+    ``planner`` (the ILP's first plan) or ``planner, top <k> by <ranking>``."""
+    options = grid.PLANNER_OPTIONS.get(system)
+    if not options:
+        return "planner"
+    return f"planner, top {options['refine_top_k']} by {options['refine_by']}"
 
 
 def _at(p: Prepared, system: str, deployment: Deployment, fraction: float, **policy) -> RunConfig:
