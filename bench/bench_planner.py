@@ -8,7 +8,9 @@ and the top-3 solve (three SCIP solves with no-good cuts); scipy's ``milp`` is t
 the same table as the cross-check. Also timed: the planner co-designed with AMPD's
 adaptive routing (what ``ampd plan`` runs for AMPD's systems; ``ampd.planner.codesign``):
 its stream and routed prefill side, the decode side rebuilt per visit, and the SCIP
-solves, top 3, alpha the paper's 0.9. Each figure is the median of ``REPEATS`` runs.
+solves, top 3, alpha the paper's 0.9; and the same with mixed degrees on the decode side
+(``[planner] mixed_degrees``: docs/PLANNER.md, "Mixed degrees"), with its binaries in
+the first visit's ILP. Each figure is the median of ``REPEATS`` runs.
 
 Run: ``python bench/bench_planner.py`` -> ``bench/results/planner.json``.
 """
@@ -52,11 +54,14 @@ def one_size(num_gpus: int) -> dict:
     perf = build_perf_model(MODEL, GPU)
     sessions = generate(WORKLOAD, SESSIONS_PER_GPU * num_gpus, RATE_PER_8 * num_gpus / 8, np.random.default_rng(0))
     slo = derive_slo(perf, sessions)
-    tau_s, scip_s, milp_s, codesign_s = [], [], [], []
+    tau_s, scip_s, milp_s, codesign_s, mixed_s = [], [], [], [], []
     for _ in range(REPEATS):
         design, seconds = _timed(lambda: co_designed_plans(tau_sides(sessions, perf, slo, num_gpus, local_share=0.0),
                                                            Knobs().alpha, 3))
         codesign_s.append(seconds)
+        mixed, seconds = _timed(lambda: co_designed_plans(
+            tau_sides(sessions, perf, slo, num_gpus, local_share=0.0, mixed_degrees=True), Knobs().alpha, 3))
+        mixed_s.append(seconds)
         table, seconds = _timed(lambda: estimate_tau(sessions, perf, slo, num_gpus))
         tau_s.append(seconds)
         plans, seconds = _timed(lambda: top_plans(table, 3, "scip"))
@@ -75,7 +80,11 @@ def one_size(num_gpus: int) -> dict:
             "codesign_s": statistics.median(codesign_s), "codesign_visits": len(design.visits),
             "codesign_status": [p.status for p in design.plans],
             "codesign_plans": [{"deployment": str(p.deployment), "objective": p.objective,
-                                "local_share": p.prefill.local_share} for p in design.plans]}
+                                "local_share": p.prefill.local_share} for p in design.plans],
+            "codesign_mixed_s": statistics.median(mixed_s), "codesign_mixed_visits": len(mixed.visits),
+            "codesign_mixed_binaries": len(build_ilp(mixed.bound).cells),
+            "codesign_mixed_plans": [{"deployment": str(p.deployment), "objective": p.objective}
+                                     for p in mixed.plans]}
 
 
 def main() -> None:
@@ -86,7 +95,9 @@ def main() -> None:
         print(f"{num_gpus:4d} GPUs: tau {r['tau_s']:.3f} s + SCIP top-3 {r['solve_scip_s']:.3f} s = {r['total_s']:.3f} s "
               f"(paper {r['paper_s']} s, {r['speedup']:.0f}x); milp {r['solve_milp_s']:.3f} s; "
               f"{r['binaries']} binaries; {r['status']}; best {r['plans'][0]['deployment']}; co-designed "
-              f"{r['codesign_s']:.3f} s, {r['codesign_visits']} visits, best {r['codesign_plans'][0]['deployment']}",
+              f"{r['codesign_s']:.3f} s, {r['codesign_visits']} visits, best {r['codesign_plans'][0]['deployment']}; "
+              f"mixed degrees {r['codesign_mixed_s']:.3f} s, {r['codesign_mixed_binaries']} binaries, best "
+              f"{r['codesign_mixed_plans'][0]['deployment']}",
               flush=True)
     write_result("planner", {"model": MODEL, "gpu": GPU, "workload": WORKLOAD, "rate_per_8_gpus": RATE_PER_8,
                              "sessions_per_gpu": SESSIONS_PER_GPU, "repeats": REPEATS, "sizes": rows})

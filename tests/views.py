@@ -11,8 +11,11 @@ def queued(cost_s: float, ready_s: float = 0.0, postponements: int = 0, name: st
     return QueuedTask(task(name, ready_s=ready_s), ready_s, cost_s, postponements)
 
 
-def decode(worker_id=0, itl=None, queue=(), free=1000, server=0) -> WorkerView:
-    return WorkerView(WorkerSpec(worker_id, Role.DECODE, 4, server), tuple(queue), 0.0, None, itl, free, 0)
+def decode(worker_id=0, itl=None, queue=(), free=1000, server=0, capacity=None, tp=4) -> WorkerView:
+    """A decode worker with ``free`` KV tokens of ``capacity`` (default: all free)."""
+    capacity = free if capacity is None else capacity
+    return WorkerView(WorkerSpec(worker_id, Role.DECODE, tp, server), tuple(queue), 0.0, None, itl, capacity,
+                      capacity - free)
 
 
 def prefill(worker_id, ttft=None, busy_s=0.0, queue=(), server=0) -> WorkerView:

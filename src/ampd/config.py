@@ -251,7 +251,9 @@ class PlannerConfig(_Strict):
     """The planner's options (docs/PLANNER.md). ``refine_top_k`` [our choice] 0 (off) by
     default: refining costs k steady-state simulations each time a deployment is
     planned (about a second each at 8 GPUs, far more at hundreds), and every ``auto``
-    run of a sweep plans; the agreement benchmark turns it on and reports both."""
+    run of a sweep plans; the agreement benchmark turns it on and reports both.
+    ``mixed_degrees`` [our choice] off by default: docs/PLANNER.md, "Mixed degrees",
+    says what it was measured to change and why it is not the default."""
 
     refine_top_k: int = Field(0, ge=0, description="simulate the planner's k best plans in steady state and "
                                                    "take them in simulated order (0: off)")
@@ -259,6 +261,9 @@ class PlannerConfig(_Strict):
         "attainment", description="what the refined top-k are ranked by: SLO attainment at the run's rate, or "
                                   "capacity (plans drawn at the planner's knee, each one's capacity searched over "
                                   "rates: a run per rate tried)")
+    mixed_degrees: bool = Field(False, description="also plan decode sides of two TP degrees: k replicas of "
+                                                   "degree b beside fewer than b/a of a smaller degree a, "
+                                                   "sessions split in proportion to KV capacity")
 
 
 class EngineWorker(_Strict):

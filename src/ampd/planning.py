@@ -118,7 +118,7 @@ def _plans(config: RunConfig, top_k: int, local_share: float | None, solver: str
     sessions, perf, slo, window_s = planner_inputs(config)
     return plan_deployments(sessions, perf, slo, c.num_gpus, c.gpus_per_server, top_k, share, solver,
                             config.slo.scope.value, window_s, batching_for(config, perf),
-                            config.policy.alpha if co_designed else None)
+                            config.policy.alpha if co_designed else None, config.planner.mixed_degrees)
 
 
 def colocated_default(config: RunConfig) -> Deployment:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from rich.table import Table
 from scipy.stats import spearmanr
 
-from ampd.cli.options import add_run_options, config_from_args, output_dir
+from ampd.cli.options import add_run_options, config_from_args, non_negative_int, output_dir, positive_int
 from ampd.cli.tables import attainment_text, print_table
 from ampd.config import RunConfig, override
 from ampd.experiment import batching_for, rate_for
@@ -27,26 +27,14 @@ from ampd.runner import PointRunner
 from ampd.sweep import resolve_slo, workload_source
 
 
-def _count(minimum: int):
-    """An argparse type: an integer >= ``minimum``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
-        return value
-    return parse
-
-
 def simulation_pool(config: RunConfig, plans: Sequence[Plan], sample: int, local_share: float) -> list[Plan]:
     """``plans`` plus ``sample`` other feasible plans drawn with ``random.Random(config.seed)``,
     all in the planner's order (``Plan.order_key``)."""
     c = config.cluster
     sessions, perf, slo, window_s = planner_inputs(config)
     table = estimate_tau(sessions, perf, slo, c.num_gpus, c.gpus_per_server, local_share, config.slo.scope.value,
-                         window_s=window_s, batching=batching_for(config, perf))
+                         window_s=window_s, batching=batching_for(config, perf),
+                         mixed_degrees=config.planner.mixed_degrees)
     chosen = {str(p.deployment) for p in plans}
     others = [p for p in enumerate_plans(table) if str(p.deployment) not in chosen]
     extra = random.Random(config.seed).sample(others, min(sample, len(others)))
@@ -91,7 +79,8 @@ def _config(args: argparse.Namespace) -> RunConfig:
         workload.update(name=None, trace=args.trace)
     elif args.workload:
         workload.update(workload_source(args.workload))
-    return resolve_slo(override(config, system=args.system, workload=workload))
+    planner = {"mixed_degrees": True} if args.mixed_degrees else {}
+    return resolve_slo(override(config, system=args.system, workload=workload, planner=planner))
 
 
 def _plans_table(title: str, plans: Sequence[Plan]) -> Table:
@@ -171,12 +160,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--trace", help="a trace file or builtin:<trace> (same as --workload with a trace)")
     p.add_argument("--rate", type=float, help="session arrival rate to plan for (sessions/s)")
     p.add_argument("--system", default="ampd", help="the system planned for and simulated (default: ampd)")
-    p.add_argument("--top-k", type=_count(1), default=3, help="plans to print (default: 3)")
+    p.add_argument("--top-k", type=positive_int, default=3, help="plans to print (default: 3)")
     p.add_argument("--local-share", type=float,
                    help="a fixed share of prefills run locally (default: co-designed with the router for AMPD's "
                         f"adaptive systems, 0 for the others; {AMPD_LOCAL_SHARE} was the planner's fixed AMPD share)")
     p.add_argument("--solver", choices=SOLVERS, default="scip", help="ILP solver (default: scip)")
+    p.add_argument("--mixed-degrees", action="store_true",
+                   help="also plan decode sides of two TP degrees (the configuration's [planner] mixed_degrees)")
     p.add_argument("--simulate", action="store_true", help="simulate the top-k and a sample of other plans")
-    p.add_argument("--sample", type=_count(0), default=5, help="other feasible plans --simulate runs (default: 5)")
-    p.add_argument("--jobs", type=_count(1), help="parallel simulations (default: every core)")
+    p.add_argument("--sample", type=non_negative_int, default=5, help="other feasible plans --simulate runs (default: 5)")
+    p.add_argument("--jobs", type=positive_int, help="parallel simulations (default: every core)")
     p.set_defaults(func=cmd_plan)

@@ -29,6 +29,16 @@ gets 1/k of everything):
   their mean gap, ``T_dec(1 + o_s / k) / (1 - u)`` with ``o_s`` a session's mean others
   (the prefill pauses spread over its tokens);
 - KV: P95 of the KV all sessions hold at that pace, over k.
+
+Mixed degrees ([our choice], decode side only; docs/PLANNER.md, "Mixed degrees"): k
+replicas of degree b beside j < b / a replicas of a smaller degree a, the remainder of
+GPUs that make no further replica of degree b. The binder (``MostFreeKvBinder``) ranks
+replicas by free share of their KV capacity, so sessions split in proportion to
+capacity (AMPD.md section 2: "in proportion to capacity"): a replica of degree n
+carries cap(n) / C of everything, C = k cap(b) + j cap(a), and is modelled as the
+replica above with k = C / cap(n), a real number. The cell's tau is the worse
+group's; its memory fits when every group's does (then each holds the same share
+of its capacity).
 """
 
 from __future__ import annotations
@@ -36,12 +46,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy.stats import binom
 
-from ampd.core.deployment import Role
+from ampd.core.deployment import ReplicaGroup, Role
 from ampd.perf.interface import PerfModel
 from ampd.policy.batching import Batching, local_prefill
 from ampd.planner.cells import TauCell
@@ -101,9 +111,11 @@ class _LocalStats:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Replica:
-    """What every cell of one degree shares; ``local`` gives the local prefills'
-    stats on a batch of that many sequences."""
+class DecodeReplica:
+    """A decode replica of degree ``tp`` (``decode_replica``): what every cell of that
+    degree shares. ``local`` gives the local prefills' stats on a batch of that many
+    sequences; ``local_per_s``, local prefills per second over the whole decode side;
+    ``capacity_tokens``, the KV one replica holds."""
 
     perf: PerfModel
     tp: int
@@ -111,11 +123,20 @@ class _Replica:
     local: Callable[[int], _LocalStats]
     local_per_s: float
     capacity_tokens: int
+    step_s: Callable[[int], float]
 
 
 def decode_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, itl_slo_s: float,
                  scope: str, batching: Batching = Batching(), local: LocalLoad | None = None) -> list[TauCell]:
-    """tau_dec(tp, k) for k = 1..``max_dp`` (module docstring).
+    """tau_dec(tp, k) for k = 1..``max_dp`` (module docstring; ``decode_replica`` for
+    ``local`` and ``batching``)."""
+    replica = decode_replica(stream, perf, tp, batching, local)
+    return [decode_cell(replica, dp, itl_slo_s, scope) for dp in range(1, max_dp + 1)]
+
+
+def decode_replica(stream: NominalStream, perf: PerfModel, tp: int, batching: Batching = Batching(),
+                   local: LocalLoad | None = None) -> DecodeReplica:
+    """What every decode cell of degree ``tp`` shares, one-degree and mixed.
 
     ``local``: the local prefills (default ``spread_locals(stream)``, the stream's
     fixed share). Their times are taken at ``tp``, the decode replica's degree, as
@@ -146,12 +167,52 @@ def decode_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, i
     else:  # a pause does not depend on the batch, chunks do
         fixed = None if batching.chunked else local_at(1)
     stats = local_at if fixed is None else (lambda batch: fixed)
-    replica = _Replica(perf, tp, stream, stats, local.per_s, perf.kv_capacity_tokens(tp))
-    return [_cell(replica, dp, itl_slo_s, scope) for dp in range(1, max_dp + 1)]
+
+    @functools.lru_cache(maxsize=None)  # every cell's fixed point asks for the same batches again
+    def step_s(batch: int) -> float:
+        return perf.decode_step_s(batch, round(batch * context_tokens), tp)
+
+    return DecodeReplica(perf, tp, stream, stats, local.per_s, perf.kv_capacity_tokens(tp), step_s)
 
 
-def _cell(r: _Replica, dp: int, itl_slo_s: float, scope: str) -> TauCell:
-    overloaded = TauCell(Role.DECODE, r.tp, dp, None, itl_slo_s, 0, r.capacity_tokens)
+def mixed_decode_cells(replicas: Sequence[DecodeReplica], max_gpus: int, itl_slo_s: float,
+                       scope: str) -> list[TauCell]:
+    """Every decode cell of two degrees (module docstring, "Mixed degrees") within
+    ``max_gpus`` GPUs: for each pair of ``replicas`` (``decode_replica``, one per
+    degree) of degrees a < b, k >= 1 replicas of degree b beside j replicas of degree
+    a, 1 <= j and j a < b."""
+    cells = []
+    for main in replicas:
+        for rest in (r for r in replicas if r.tp < main.tp):
+            for j in range(1, -(-main.tp // rest.tp)):
+                for k in range(1, (max_gpus - j * rest.tp) // main.tp + 1):
+                    cells.append(_mixed_cell(main, k, rest, j, itl_slo_s, scope))
+    return cells
+
+
+def _mixed_cell(main: DecodeReplica, k: int, rest: DecodeReplica, j: int, itl_slo_s: float, scope: str) -> TauCell:
+    total_tokens = k * main.capacity_tokens + j * rest.capacity_tokens
+    cell = TauCell(Role.DECODE, main.tp, k, None, itl_slo_s, 0, main.capacity_tokens,
+                   extra=(ReplicaGroup(Role.DECODE, rest.tp, j),))
+    served = [(r, _serve(r, total_tokens / r.capacity_tokens, scope)) for r in (main, rest)]
+    for r, (p95_s, _, reason) in served:
+        if p95_s is None:
+            return dataclasses.replace(cell, reason=f"its TP={r.tp} replicas: {reason}")
+    fullest = max(kv_tokens / r.capacity_tokens for r, (_, kv_tokens, _) in served)
+    return dataclasses.replace(cell, p95_s=max(p95_s for _, (p95_s, _, _) in served),
+                               kv_tokens=math.ceil(fullest * main.capacity_tokens))
+
+
+def decode_cell(r: DecodeReplica, dp: int, itl_slo_s: float, scope: str) -> TauCell:
+    """tau_dec of ``dp`` replicas like ``r`` carrying the decode side (module docstring)."""
+    p95_s, kv_tokens, reason = _serve(r, float(dp), scope)
+    return TauCell(Role.DECODE, r.tp, dp, p95_s, itl_slo_s, math.ceil(kv_tokens), r.capacity_tokens, reason)
+
+
+def _serve(r: DecodeReplica, dp: float, scope: str) -> tuple[float | None, float, str]:
+    """One replica of ``r`` carrying 1 / ``dp`` of the sessions (``dp`` > 0, real):
+    its P95 ITL (None when overloaded), the P95 KV tokens it holds, and why it is
+    overloaded ('' when not)."""
     local_per_s = r.local_per_s / dp
 
     def local_busy(others: float) -> float:
@@ -160,38 +221,36 @@ def _cell(r: _Replica, dp: int, itl_slo_s: float, scope: str) -> TauCell:
         return local_per_s * r.local(max(1, round(1.0 + others))).delay_s
 
     if math.isinf(local_busy(0.0)):
-        return dataclasses.replace(overloaded, reason="the chunk budget leaves local prefills no room beside the batch")
+        return None, 0.0, "the chunk budget leaves local prefills no room beside the batch"
     if local_busy(0.0) >= 1.0:
-        return dataclasses.replace(overloaded, reason=f"local prefills alone need {local_busy(0.0):.2f} x the replica")
+        return None, 0.0, f"local prefills alone need {local_busy(0.0):.2f} x the replica"
     others = _others(r, dp, local_busy)
     if others is None:
-        return dataclasses.replace(overloaded, reason="decode work outgrows any batch the KV capacity allows")
+        return None, 0.0, "decode work outgrows any batch the KV capacity allows"
     busy = local_busy(others)
     local = r.local(max(1, round(1.0 + others)))
     gap_s = _step_s(r, 1.0 + others) / (1.0 - busy)
     interrupted = local_per_s * gap_s * local.gaps
     if interrupted >= 1.0:
-        return dataclasses.replace(overloaded, reason="local prefills arrive faster than decode steps")
+        return None, 0.0, "local prefills arrive faster than decode steps"
     if scope == "strict":
         p95_s = _itl_p95_s(r, dp, gap_s, interrupted, local.added_s)
     else:
         p95_s = _step_s(r, 1.0 + r.stream.decode.session_others_p95_at(gap_s) / dp) / (1.0 - busy)
-    return dataclasses.replace(overloaded, p95_s=p95_s,
-                               kv_tokens=math.ceil(r.stream.decode.kv_p95_tokens_at(gap_s) / dp))
+    return p95_s, r.stream.decode.kv_p95_tokens_at(gap_s) / dp, ""
 
 
-def _step_s(r: _Replica, batch: float) -> float:
+def _step_s(r: DecodeReplica, batch: float) -> float:
     """T_dec at a real batch size (>= 1), linear between the integer sizes around it."""
     low = math.floor(batch)
     frac = batch - low
-    context = r.stream.decode.mean_context_tokens
-    at_low = r.perf.decode_step_s(low, round(low * context), r.tp)
+    at_low = r.step_s(low)
     if frac == 0.0:
         return at_low
-    return at_low + frac * (r.perf.decode_step_s(low + 1, round((low + 1) * context), r.tp) - at_low)
+    return at_low + frac * (r.step_s(low + 1) - at_low)
 
 
-def _others(r: _Replica, dp: int, local_busy: Callable[[float], float]) -> float | None:
+def _others(r: DecodeReplica, dp: float, local_busy: Callable[[float], float]) -> float | None:
     """Smallest o >= 0 with ``others(T_dec(1 + o) / (1 - u(o))) / k <= o``, u(o) being
     ``local_busy`` at o; None when there is none below the batch the KV capacity
     holds (a batch whose local prefills take all the time has none)."""
@@ -217,7 +276,7 @@ def _others(r: _Replica, dp: int, local_busy: Callable[[float], float]) -> float
     return high
 
 
-def _itl_p95_s(r: _Replica, dp: int, gap_s: float, interrupted: float, added_s: np.ndarray) -> float:
+def _itl_p95_s(r: DecodeReplica, dp: float, gap_s: float, interrupted: float, added_s: np.ndarray) -> float:
     """P95 of a token gap: one decode step at the batch the token sees (module
     docstring), plus, with probability ``interrupted``, what a local prefill adds
     to a gap (``added_s``, its quantiles)."""

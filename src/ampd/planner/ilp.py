@@ -10,9 +10,11 @@ Rows:
 - the min-max objective: ``R >= sum rank(c) z(c)`` over each role's cells;
 - GPU budget: ``sum n k z(c) <= N``;
 - packing on servers: for each degree s, the GPUs of replicas of degree >= s fit in the
-  slots of s GPUs the servers have (degrees are powers of two, so this is exact);
+  slots of s GPUs the servers have (degrees are powers of two, so this is exact; a
+  cell with mixed degrees counts each group's GPUs at its own degree);
 - memory: for each decode degree n, ``sum_k kv(n, k) z(D, n, k) <= capacity(n)``: a
-  replica holds the weights plus the P95 KV of its share of resident sessions.
+  replica holds the weights plus the P95 KV of its share of resident sessions (a
+  mixed cell is in the rows of its main degree, its KV in that replica's terms).
 
 Objective: ``minimise (U + 1) R + sum rank(c) z(c)``, U the number of cells. ``rank`` is
 the position of a cell in ``TauCell.order_key`` (tau normalised by its SLO threshold,
@@ -101,7 +103,7 @@ def _capacity_rows(cells: tuple[TauCell, ...], table: TauTable) -> list[tuple[np
     rows = [(_row(cells, lambda c: c.gpus, lambda c: True), -np.inf, float(n))]
     for s in table.degrees:
         slots = (n // per_server) * (per_server // s) * s + (n % per_server) // s * s
-        rows.append((_row(cells, lambda c: c.gpus, lambda c: c.tp >= s), -np.inf, float(slots)))
+        rows.append((_row(cells, lambda c: c.gpus_from_degree(s), lambda c: True), -np.inf, float(slots)))
     for tp in table.degrees:
         decode = [c for c in cells if c.role is Role.DECODE and c.tp == tp]
         if decode:

@@ -22,11 +22,12 @@ def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThres
                      gpus_per_server: int = 8, top_k: int = 3, local_share: float = AMPD_LOCAL_SHARE,
                      solver: str = "scip", scope: str = "mean",
                      window_s: tuple[float, float] | None = None, batching: Batching = Batching(),
-                     router_alpha: float | None = None) -> list[Plan]:
+                     router_alpha: float | None = None, mixed_degrees: bool = False) -> list[Plan]:
     """The ``top_k`` best deployments of ``num_gpus`` GPUs for ``sessions``, best first.
 
     Each plan runs k prefill replicas of one degree and k' decode replicas of one
-    degree (degrees 1, 2, 4, 8 within a server) and minimises Z, the worse of the
+    degree (degrees 1, 2, 4, 8 within a server; with ``mixed_degrees``, the decode side
+    may add replicas of a smaller degree) and minimises Z, the worse of the
     normalised P95 TTFT (prefill side) and P95 ITL (decode side); see ``ilp`` for the
     ILP and ``Plan.order_key`` for ties. At least one prefill replica: decode-only
     deployments are colocated serving, outside the planner's space. Fewer than
@@ -52,6 +53,8 @@ def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThres
             prefill slack (``codesign``): each plan's decode side carries the local
             prefills its prefill side makes the router send there; ``local_share`` is
             then unused.
+        mixed_degrees: also plans whose decode side mixes two degrees (``decode_tau``,
+            "Mixed degrees": k replicas of degree b beside j < b / a of degree a).
 
     Raises:
         InputError: ``top_k`` < 1, an unknown solver or scope; the model fits at no degree; too
@@ -66,13 +69,13 @@ def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThres
         raise InputError(f"unknown solver {solver!r}; known: {', '.join(SOLVERS)}")
     if router_alpha is None:
         table = estimate_tau(sessions, perf, slo, num_gpus, gpus_per_server, local_share, scope, window_s=window_s,
-                             batching=batching)
+                             batching=batching, mixed_degrees=mixed_degrees)
         plans = top_plans(table, top_k, solver)
         if not plans:
             raise InputError(why_infeasible(table))
         return plans
     sides = tau_sides(sessions, perf, slo, num_gpus, gpus_per_server, 0.0, scope, window_s=window_s,
-                      batching=batching)
+                      batching=batching, mixed_degrees=mixed_degrees)
     design = co_designed_plans(sides, router_alpha, top_k, solver)
     if not design.plans:
         bound = top_plans(design.bound, 1, solver)

@@ -15,7 +15,8 @@ class Plan:
 
     Attributes:
         prefill: the prefill replicas (``P:<TP=n,DP=k>``) and their tau.
-        decode: the decode replicas (``D:<TP=n,DP=k>``) and their tau.
+        decode: the decode replicas (``D:<TP=n,DP=k>``, or with mixed degrees
+            ``D:<TP=n,DP=k>+<TP=m,DP=j>``) and their tau.
         status: the solver's status for the solve that found it (``"optimal"``), or
             ``"enumerated"`` when exhaustive enumeration listed it.
     """
@@ -27,7 +28,7 @@ class Plan:
     @property
     def deployment(self) -> Deployment:
         """The plan as a ``Deployment``; prints as ``P:<TP=2,DP=2> D:<TP=4,DP=1>``."""
-        return Deployment.of([self.prefill.group, self.decode.group])
+        return Deployment.of([*self.prefill.groups, *self.decode.groups])
 
     @property
     def objective(self) -> float:

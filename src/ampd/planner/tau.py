@@ -12,7 +12,7 @@ from ampd.core.session import Session
 from ampd.perf.interface import PerfModel
 from ampd.policy.batching import Batching
 from ampd.planner.cells import TauCell
-from ampd.planner.decode_tau import LocalLoad, decode_cells, spread_locals
+from ampd.planner.decode_tau import LocalLoad, decode_cell, decode_replica, mixed_decode_cells, spread_locals
 from ampd.planner.prefill_tau import prefill_cells
 from ampd.planner.stream import NominalStream, build_stream
 from ampd.policy.routing import SloThresholds
@@ -93,7 +93,8 @@ class TauSides:
 
     Attributes:
         stream: the nominal stream.
-        perf, slo, num_gpus, gpus_per_server, scope, batching: as ``estimate_tau``'s.
+        perf, slo, num_gpus, gpus_per_server, scope, batching, mixed_degrees: as
+            ``estimate_tau``'s.
         degrees: the usable degrees (``usable_degrees``).
     """
 
@@ -105,6 +106,7 @@ class TauSides:
     scope: str
     batching: Batching
     degrees: tuple[int, ...]
+    mixed_degrees: bool = False
 
     def _max_dp(self, n: int) -> int:
         return (self.num_gpus - self.degrees[0]) // n
@@ -116,9 +118,15 @@ class TauSides:
             self.stream, self.perf, n, self._max_dp(n), self.slo.ttft_s, cross_server, self.scope, local_above_s))
 
     def decode(self, local: LocalLoad) -> tuple[TauCell, ...]:
-        """Every decode cell carrying the local prefills ``local`` (``decode_tau.decode_cells``)."""
-        return tuple(c for n in self.degrees for c in decode_cells(
-            self.stream, self.perf, n, self._max_dp(n), self.slo.itl_s, self.scope, self.batching, local))
+        """Every decode cell carrying the local prefills ``local`` (``decode_tau.decode_cells``),
+        then, with ``mixed_degrees``, every two-degree one (``decode_tau.mixed_decode_cells``)."""
+        replicas = [decode_replica(self.stream, self.perf, n, self.batching, local) for n in self.degrees]
+        cells = tuple(decode_cell(r, dp, self.slo.itl_s, self.scope)
+                      for r in replicas for dp in range(1, self._max_dp(r.tp) + 1))
+        if not self.mixed_degrees:
+            return cells
+        return cells + tuple(mixed_decode_cells(replicas, self.num_gpus - self.degrees[0], self.slo.itl_s,
+                                                self.scope))
 
     def table(self, prefill: tuple[TauCell, ...], decode: tuple[TauCell, ...], local_share: float) -> TauTable:
         """The table of these cells; ``local_share``: the share the decode side carries."""
@@ -129,7 +137,7 @@ class TauSides:
 def tau_sides(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, num_gpus: int,
               gpus_per_server: int = 8, local_share: float = AMPD_LOCAL_SHARE, scope: str = "mean",
               degrees: Sequence[int] = DEGREES, window_s: tuple[float, float] | None = None,
-              batching: Batching = Batching()) -> TauSides:
+              batching: Batching = Batching(), mixed_degrees: bool = False) -> TauSides:
     """The nominal stream of ``sessions`` (``stream.build_stream``, ``local_share`` of
     its tasks local) and what the cells need; arguments as ``estimate_tau``.
 
@@ -140,13 +148,13 @@ def tau_sides(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, 
         raise InputError(f"unknown scope {scope!r}; known: {', '.join(SCOPES)}")
     usable = usable_degrees(perf, num_gpus, gpus_per_server, degrees)
     stream = build_stream(sessions, slo.itl_s, local_share, window_s)
-    return TauSides(stream, perf, slo, num_gpus, gpus_per_server, scope, batching, usable)
+    return TauSides(stream, perf, slo, num_gpus, gpus_per_server, scope, batching, usable, mixed_degrees)
 
 
 def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, num_gpus: int,
                  gpus_per_server: int = 8, local_share: float = AMPD_LOCAL_SHARE, scope: str = "mean",
                  degrees: Sequence[int] = DEGREES, window_s: tuple[float, float] | None = None,
-                 batching: Batching = Batching()) -> TauTable:
+                 batching: Batching = Batching(), mixed_degrees: bool = False) -> TauTable:
     """tau_pre(n, k) (``prefill_tau``) and tau_dec(n, k) (``decode_tau``) over the nominal
     stream of ``sessions`` (``stream``), for every usable degree n and every k with
     ``n k`` plus one smallest replica of the other role within ``num_gpus``, with a
@@ -163,10 +171,12 @@ def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThreshold
             None: the whole stream.
         batching: how the decode replicas' engine runs a local prefill (``decode_tau``);
             default the paper's pause.
+        mixed_degrees: also the decode cells of two degrees (``decode_tau``, "Mixed
+            degrees"); default one degree per role.
 
     Raises:
         InputError: as ``usable_degrees`` and ``stream.build_stream``; an unknown scope.
     """
     sides = tau_sides(sessions, perf, slo, num_gpus, gpus_per_server, local_share, scope, degrees, window_s,
-                      batching)
+                      batching, mixed_degrees)
     return sides.table(sides.prefill(), sides.decode(spread_locals(sides.stream)), local_share)
