@@ -24,6 +24,8 @@ def test_placement_never_splits_a_replica_across_servers():
     ("P:<TP=2;DP=2> D:<TP=4,DP=1>", "cannot read group"),
     ("X:<TP=2,DP=2>", "cannot read"),
     ("D:<TP=0,DP=1>", ">= 1"),
+    ("P:<TP=2,DP=3> D:<TP=4,DP=1>+", "cannot read group ''"),  # a group left out is not an empty one
+    ("P:<TP=2,DP=3> D:+<TP=4,DP=1>", "cannot read group ''"),
 ])
 def test_bad_notation_is_refused_with_reason(text, message):
     with pytest.raises(InputError, match=message):

@@ -77,6 +77,7 @@ def test_transient_runs_rank_nothing(tmp_path, capsys):
     (["--gpus", "3"], "too few GPUs"),
     (["--local-share", "1.5"], "local_share must be in [0, 1)"),
     (["--system", "nope"], "unknown system 'nope'"),
+    (["--deployment", "P:<TP=2,DP=2> D:<TP=4,DP=1>"], "ampd plan chooses the deployment"),
 ])
 def test_infeasible_or_bad_input_is_refused_with_the_reason(argv, message, tmp_path):
     with pytest.raises(InputError) as err:
@@ -112,3 +113,8 @@ def test_mixed_degrees_adds_two_degree_decode_sides(tmp_path, capsys):
     assert mixed["plans"][0]["decode"]["extra"] == ["<TP=2,DP=1>"] and mixed["config"]["planner"]["mixed_degrees"]
     assert [p["deployment"] for p in one["plans"]][:2] == names[1:]
     assert names[0] in capsys.readouterr().out
+    # --no-mixed-degrees turns off what a configuration file turned on
+    config = tmp_path / "mixed.toml"
+    config.write_text("[planner]\nmixed_degrees = true\n")
+    _run(argv + ["--config", str(config), "--out", str(tmp_path / "off"), "--no-mixed-degrees"])
+    assert [p["deployment"] for p in _plans(tmp_path / "off")["plans"]] == [p["deployment"] for p in one["plans"]]

@@ -9,6 +9,7 @@ import pytest
 
 from ampd.config import RunConfig, override
 from ampd.core import Round, Session
+from ampd.core.errors import InputError
 from ampd.experiment import measure_for, perf_model_for, sessions_for, simulate
 from ampd.perf import build_perf_model
 from ampd.planner import enumerate_plans, estimate_tau, top_plans
@@ -46,6 +47,12 @@ def test_a_mixed_decode_cell_by_hand():
     assert (one.gpus, two.gpus) == (3, 5) and two.gpus_from_degree(2) == 4
     # No TP=1 main group: a remainder is of a smaller degree only.
     assert len(mixed_decode_cells(replicas[1:], 5, 0.05, "mean")) == 0
+
+
+def test_mixed_degrees_must_be_a_bool():
+    sessions = [Session("s0", 0.0, (Round(100, 51),))]
+    with pytest.raises(InputError, match="mixed_degrees must be True or False, got 'no'"):
+        estimate_tau(sessions, StubPerf(), SloThresholds(1.0, 0.05), 4, mixed_degrees="no")
 
 
 def _mixed_table(model, workload, rate_per_8, num_gpus, per_server=8):

@@ -16,6 +16,7 @@ from scipy.stats import spearmanr
 from ampd.cli.options import add_run_options, config_from_args, non_negative_int, output_dir, positive_int
 from ampd.cli.tables import attainment_text, print_table
 from ampd.config import RunConfig, override
+from ampd.core.errors import InputError
 from ampd.experiment import batching_for, rate_for
 from ampd.measure import STABLE
 from ampd.metrics.report import write_json
@@ -79,7 +80,10 @@ def _config(args: argparse.Namespace) -> RunConfig:
         workload.update(name=None, trace=args.trace)
     elif args.workload:
         workload.update(workload_source(args.workload))
-    planner = {"mixed_degrees": True} if args.mixed_degrees else {}
+    if args.deployment is not None:
+        raise InputError(f"ampd plan chooses the deployment; --deployment {args.deployment!r} is for ampd simulate "
+                         "and ampd sweep (ampd plan --simulate runs the plans it finds)")
+    planner = {} if args.mixed_degrees is None else {"mixed_degrees": args.mixed_degrees}
     return resolve_slo(override(config, system=args.system, workload=workload, planner=planner))
 
 
@@ -165,8 +169,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="a fixed share of prefills run locally (default: co-designed with the router for AMPD's "
                         f"adaptive systems, 0 for the others; {AMPD_LOCAL_SHARE} was the planner's fixed AMPD share)")
     p.add_argument("--solver", choices=SOLVERS, default="scip", help="ILP solver (default: scip)")
-    p.add_argument("--mixed-degrees", action="store_true",
-                   help="also plan decode sides of two TP degrees (the configuration's [planner] mixed_degrees)")
+    p.add_argument("--mixed-degrees", action=argparse.BooleanOptionalAction,
+                   help="also plan decode sides of two TP degrees (default: the configuration's [planner] "
+                        "mixed_degrees, off)")
     p.add_argument("--simulate", action="store_true", help="simulate the top-k and a sample of other plans")
     p.add_argument("--sample", type=non_negative_int, default=5, help="other feasible plans --simulate runs (default: 5)")
     p.add_argument("--jobs", type=positive_int, help="parallel simulations (default: every core)")

@@ -75,8 +75,7 @@ class Deployment:
             if not m:
                 raise InputError(f"deployment {text!r}: cannot read {part!r}; expected e.g. 'P:<TP=2,DP=2> D:<TP=4,DP=1>'")
             role = Role(m.group(1).upper())
-            pieces = [p for p in m.group(2).split("+") if p]
-            for piece in pieces:
+            for piece in m.group(2).split("+"):
                 g = _GROUP.fullmatch(piece.strip())
                 if not g:
                     raise InputError(f"deployment {text!r}: cannot read group {piece!r}; expected '<TP=n,DP=k>'")

@@ -146,6 +146,8 @@ def tau_sides(sessions: Sequence[Session], perf: PerfModel, slo: SloThresholds, 
     """
     if scope not in SCOPES:
         raise InputError(f"unknown scope {scope!r}; known: {', '.join(SCOPES)}")
+    if not isinstance(mixed_degrees, bool):
+        raise InputError(f"mixed_degrees must be True or False, got {mixed_degrees!r}")
     usable = usable_degrees(perf, num_gpus, gpus_per_server, degrees)
     stream = build_stream(sessions, slo.itl_s, local_share, window_s)
     return TauSides(stream, perf, slo, num_gpus, gpus_per_server, scope, batching, usable, mixed_degrees)
@@ -175,7 +177,8 @@ def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThreshold
             degrees"); default one degree per role.
 
     Raises:
-        InputError: as ``usable_degrees`` and ``stream.build_stream``; an unknown scope.
+        InputError: as ``usable_degrees`` and ``stream.build_stream``; an unknown scope;
+            ``mixed_degrees`` not a bool.
     """
     sides = tau_sides(sessions, perf, slo, num_gpus, gpus_per_server, local_share, scope, degrees, window_s,
                       batching, mixed_degrees)
