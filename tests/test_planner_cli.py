@@ -78,6 +78,7 @@ def test_transient_runs_rank_nothing(tmp_path, capsys):
     (["--local-share", "1.5"], "local_share must be in [0, 1)"),
     (["--system", "nope"], "unknown system 'nope'"),
     (["--deployment", "P:<TP=2,DP=2> D:<TP=4,DP=1>"], "ampd plan chooses the deployment"),
+    (["--system", "vllm"], "system 'vllm' runs colocated replicas, which ampd plan does not plan"),
 ])
 def test_infeasible_or_bad_input_is_refused_with_the_reason(argv, message, tmp_path):
     with pytest.raises(InputError) as err:

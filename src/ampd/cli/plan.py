@@ -83,6 +83,10 @@ def _config(args: argparse.Namespace) -> RunConfig:
     if args.deployment is not None:
         raise InputError(f"ampd plan chooses the deployment; --deployment {args.deployment!r} is for ampd simulate "
                          "and ampd sweep (ampd plan --simulate runs the plans it finds)")
+    if get_system(args.system).colocated:
+        raise InputError(f"system {args.system!r} runs colocated replicas, which ampd plan does not plan (it splits "
+                         "GPUs between prefill and decode replicas); plan for a disaggregated system, e.g. --system "
+                         "ampd-slo")
     planner = {} if args.mixed_degrees is None else {"mixed_degrees": args.mixed_degrees}
     return resolve_slo(override(config, system=args.system, workload=workload, planner=planner))
 
