@@ -20,7 +20,6 @@ leaves out GAIA's 32-GPU cells, each of whose runs costs tens of the small cells
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result  # noqa: E402
+from common import REPRODUCE_OUT, jobs_parser, write_result  # noqa: E402
 
 from ampd.core.deployment import Deployment  # noqa: E402
 from ampd.reproduce import grid  # noqa: E402
@@ -37,19 +36,17 @@ from ampd.runner import PointRunner  # noqa: E402
 
 SYSTEM = "ampd-slo" + grid.PLANNED
 BASELINES = ("pd-disagg", "dynamo-busy")  # the grid's strongest baselines by mean capacity
-OUT = Path(__file__).resolve().parent.parent / "out" / "reproduce"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=None, help="parallel simulations (default: every core)")
+    parser = jobs_parser(__doc__)
     parser.add_argument("--max-gpus", type=int, default=None, help="only the cells of at most this many GPUs")
     args = parser.parse_args()
     started = time.perf_counter()
-    results = json.loads((OUT / "results.json").read_text())
+    results = json.loads((REPRODUCE_OUT / "results.json").read_text())
     capacities = {(c["cell"], c["system"]): c["capacity_per_s"] for c in results["capacities"]}
     planned = {b["cell"]: b["deployment"] for b in results["best_deployments"] if b["system"] == SYSTEM}
-    run = PointRunner(args.jobs, True, OUT / "points")
+    run = PointRunner(args.jobs, True, REPRODUCE_OUT / "points")
     chosen = [c for c in grid.cells(quick=False) if args.max_gpus is None or c.num_gpus <= args.max_gpus]
     cells = [p for p in prepare(chosen, run) if p.cell.label in planned]
     entries = [(p, b, Deployment.parse(planned[p.cell.label])) for p in cells for b in BASELINES]

@@ -17,7 +17,6 @@ Run: ``python bench/bench_planner_capacity.py [--jobs N]`` -> ``bench/results/pl
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result  # noqa: E402
+from common import REPRODUCE_OUT, jobs_parser, write_result  # noqa: E402
 
 from ampd.config import override  # noqa: E402
 from ampd.plan_simulation import simulate_capacities  # noqa: E402
@@ -36,15 +35,13 @@ from ampd.runner import PointRunner  # noqa: E402
 
 SYSTEM = "ampd-slo"
 TOP_K = 5
-CACHE = Path(__file__).resolve().parent.parent / "out" / "reproduce" / "points"  # ampd reproduce's cache
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=None, help="parallel simulations (default: every core)")
+    parser = jobs_parser(__doc__)
     args = parser.parse_args()
     started = time.perf_counter()
-    run = PointRunner(args.jobs, True, CACHE)
+    run = PointRunner(args.jobs, True, REPRODUCE_OUT / "points")
     cells = prepare([c for c in grid.cells(quick=False) if c.num_gpus <= 16], run)
     best = search_best(cells, run, quick=False)
     baselines = {key: chosen for key, chosen in best.items()

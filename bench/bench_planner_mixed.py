@@ -15,14 +15,13 @@ Run: ``python bench/bench_planner_mixed.py [--jobs N]`` -> ``bench/results/plann
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result  # noqa: E402
+from common import REPRODUCE_OUT, jobs_parser, write_result  # noqa: E402
 
 from ampd.config import override  # noqa: E402
 from ampd.core.deployment import Deployment  # noqa: E402
@@ -34,7 +33,6 @@ from ampd.runner import PointRunner  # noqa: E402
 
 SYSTEM = "ampd-slo"
 TOP_K = grid.PLANNER_OPTIONS[SYSTEM]["refine_top_k"]
-CACHE = Path(__file__).resolve().parent.parent / "out" / "reproduce" / "points"  # ampd reproduce's cache
 
 
 def _knee_top(config) -> dict:
@@ -47,11 +45,10 @@ def _knee_top(config) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=None, help="parallel simulations (default: every core)")
+    parser = jobs_parser(__doc__)
     args = parser.parse_args()
     started = time.perf_counter()
-    run = PointRunner(args.jobs, True, CACHE)
+    run = PointRunner(args.jobs, True, REPRODUCE_OUT / "points")
     rows = []
     for p in prepare(grid.cells(quick=False), run):
         config = override(p.config, system=SYSTEM, cluster={"deployment": "auto"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -10,6 +11,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPRODUCE_OUT = Path(__file__).resolve().parent.parent / "out" / "reproduce"
+"""``ampd reproduce``'s output: its ``results.json`` and its point cache ``points/``, which the
+grid benchmarks read and extend."""
+
+
+def jobs_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser, described by the first line of ``doc``, with ``--jobs``
+    (parallel simulations; default every core)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=None, help="parallel simulations (default: every core)")
+    return parser
 
 
 def machine() -> dict:

@@ -115,7 +115,8 @@ class DecodeReplica:
     """A decode replica of degree ``tp`` (``decode_replica``): what every cell of that
     degree shares. ``local`` gives the local prefills' stats on a batch of that many
     sequences; ``local_per_s``, local prefills per second over the whole decode side;
-    ``capacity_tokens``, the KV one replica holds."""
+    ``capacity_tokens``, the KV one replica holds; ``step_s``, T_dec of that many
+    sequences at the stream's mean context, seconds (cached)."""
 
     perf: PerfModel
     tp: int
