@@ -16,7 +16,7 @@ from ampd.config import RunConfig
 from ampd.core import Deployment, Round, Session
 from ampd.experiment import batching_for
 from ampd.perf import build_perf_model
-from ampd.planner.decode_tau import decode_cells
+from ampd.planner.decode_tau import decode_cells, decode_replica
 from ampd.planner.stream import build_stream
 from ampd.perf.measured import EngineBatching
 from ampd.policy.batching import Batching, local_prefill, measured_batching, mixed_step_s
@@ -131,8 +131,8 @@ def test_planner_decode_tau_chunked_against_alternate_by_hand():
     # 0.1 + 0.02 - 0.02 = 0.1 in place of a 0.02 step: it adds 0.08.
     stream = build_stream([Session(f"s{i}", 0.05 * i, (Round(100, 51),)) for i in range(21)], 0.05, 0.5)
     perf, chunked = StubPerf(), Batching("chunked", 2048)
-    alternate = decode_cells(stream, perf, 1, 3, 0.05, "strict")
-    mixed = decode_cells(stream, perf, 1, 3, 0.05, "strict", chunked)
+    alternate = decode_cells(decode_replica(stream, perf, 1), 3, 0.05, "strict")
+    mixed = decode_cells(decode_replica(stream, perf, 1, chunked), 3, 0.05, "strict")
     # k = 1: 10.5 local prefills/s; a pause needs 1.05 of the replica; chunks 0.84, but a gap
     # of 0.02 / 0.16 = 0.125 s would hold 1.3 of them: overloaded either way
     assert alternate[0].overloaded and "1.05 x the replica" in alternate[0].reason
@@ -141,10 +141,10 @@ def test_planner_decode_tau_chunked_against_alternate_by_hand():
     # 5.25 x 0.0345 = 0.18 > 5 %: P95 = 0.02 + 0.08 = 0.1 (a pause: 0.12)
     assert alternate[1].p95_s == pytest.approx(0.12) and mixed[1].p95_s == pytest.approx(0.1)
     # mean scope: 0.02 / (1 - u), u = 5.25 x 0.08 and 3.5 x 0.08 (a pause: x 0.1)
-    means = decode_cells(stream, perf, 1, 3, 0.05, "mean", chunked)
+    means = decode_cells(decode_replica(stream, perf, 1, chunked), 3, 0.05, "mean")
     assert [c.p95_s for c in means[1:]] == pytest.approx([0.02 / 0.58, 0.02 / 0.72])
     # a budget of 1 token: the batch of 1 takes it all, local prefills never start
-    starved = decode_cells(stream, perf, 1, 2, 0.05, "mean", Batching("chunked", 1))
+    starved = decode_cells(decode_replica(stream, perf, 1, Batching("chunked", 1)), 2, 0.05, "mean")
     assert all(c.overloaded and "no room" in c.reason for c in starved)
 
 
@@ -154,8 +154,8 @@ def test_planner_chunked_steps_depend_on_the_batch():
     # 0.06 per prefill against a pause's 0.1.
     stream = build_stream([Session(f"s{i}", 10.0 * i, (Round(100, 51),)) for i in range(11)], 0.05, 0.5)
     local_per_s = stream.prefills_per_s * 0.5
-    mean = decode_cells(stream, StubPerf(), 1, 1, 0.05, "mean", Batching("chunked", 51))[0]
+    mean = decode_cells(decode_replica(stream, StubPerf(), 1, Batching("chunked", 51)), 1, 0.05, "mean")[0]
     assert mean.p95_s == pytest.approx(0.02 / (1 - local_per_s * 0.06))
-    paused = decode_cells(stream, StubPerf(), 1, 1, 0.05, "mean")[0]
+    paused = decode_cells(decode_replica(stream, StubPerf(), 1), 1, 0.05, "mean")[0]
     assert paused.p95_s == pytest.approx(0.02 / (1 - local_per_s * 0.1))
     assert np.isfinite(mean.p95_s) and mean.p95_s < paused.p95_s

@@ -7,7 +7,7 @@ import pytest
 
 from ampd.core import Round, Session
 from ampd.core.errors import InputError
-from ampd.planner.decode_tau import decode_cells
+from ampd.planner.decode_tau import decode_cells, decode_replica
 from ampd.planner.prefill_tau import _p95_s, prefill_cells
 from ampd.planner.queueing import PrefillChains, fcfs_ttft_s
 from ampd.planner.stream import build_stream
@@ -102,7 +102,7 @@ def test_decode_tau_and_kv_by_hand_without_local_prefills(scope):
     # and every gap is one 20 ms step; a session holds 151 tokens for 51 x 20 ms out of
     # every 10 s (> 5 % of the time), so the P95 resident KV is 151 tokens.
     stream = build_stream(_one_round_sessions([10.0 * i for i in range(11)], 100, 51), 0.05, 0.0)
-    cells = decode_cells(stream, StubPerf(), 2, 2, 0.05, scope)
+    cells = decode_cells(decode_replica(stream, StubPerf(), 2), 2, 0.05, scope)
     assert [c.p95_s for c in cells] == pytest.approx([0.02, 0.02])
     assert [c.tau for c in cells] == pytest.approx([0.4, 0.4])
     assert [c.kv_tokens for c in cells] == [151, 76]
@@ -112,22 +112,22 @@ def test_decode_tau_by_hand_with_local_prefills():
     # 21 sessions in 1 s, half their 100-token prefills local (0.1 s each at 1 ms/token):
     # 21 prefills/s x 0.5 / k local prefills per second per replica.
     stream = build_stream(_one_round_sessions([0.05 * i for i in range(21)], 100, 51), 0.05, 0.5)
-    one, two, three = decode_cells(stream, StubPerf(), 1, 20, 0.05, "strict")[:3]
+    one, two, three = decode_cells(decode_replica(stream, StubPerf(), 1), 20, 0.05, "strict")[:3]
     # k = 1: 10.5 prefills/s x 0.1 s = 1.05 of the replica: overloaded
     assert one.overloaded and "1.05 x the replica" in one.reason
     # k = 2: busy u = 0.525, mean gap 0.02 / 0.475; a gap holds a prefill with probability
     # 5.25 x 0.0421 = 0.22 > 5 %, so P95 = step + prefill = 0.12 s
     assert two.p95_s == pytest.approx(0.12) and three.p95_s == pytest.approx(0.12)
     # k = 20: 0.525 prefills/s, probability 0.525 x 0.02 / 0.9475 = 1.1 %: P95 = one step
-    assert decode_cells(stream, StubPerf(), 1, 20, 0.05, "strict")[-1].p95_s == pytest.approx(0.02)
+    assert decode_cells(decode_replica(stream, StubPerf(), 1), 20, 0.05, "strict")[-1].p95_s == pytest.approx(0.02)
     # mean scope: the pauses spread over a session's tokens, mean gap 0.02 / (1 - u)
-    means = decode_cells(stream, StubPerf(), 1, 3, 0.05, "mean")
+    means = decode_cells(decode_replica(stream, StubPerf(), 1), 3, 0.05, "mean")
     assert [c.p95_s for c in means[1:]] == pytest.approx([0.02 / 0.475, 0.02 / 0.65])
 
 
 def test_decode_overloaded_when_no_batch_fits_the_kv_capacity():
     stream = build_stream(_one_round_sessions([0.05 * i for i in range(21)], 100, 51), 0.05, 0.0)
-    cell = decode_cells(stream, StubPerf(capacity_tokens=100), 1, 1, 0.05, "mean")[0]
+    cell = decode_cells(decode_replica(stream, StubPerf(capacity_tokens=100), 1), 1, 0.05, "mean")[0]
     assert cell.overloaded and "KV capacity" in cell.reason
 
 

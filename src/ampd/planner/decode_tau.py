@@ -127,12 +127,10 @@ class DecodeReplica:
     step_s: Callable[[int], float]
 
 
-def decode_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, itl_slo_s: float,
-                 scope: str, batching: Batching = Batching(), local: LocalLoad | None = None) -> list[TauCell]:
-    """tau_dec(tp, k) for k = 1..``max_dp`` (module docstring; ``decode_replica`` for
-    ``local`` and ``batching``)."""
-    replica = decode_replica(stream, perf, tp, batching, local)
-    return [decode_cell(replica, dp, itl_slo_s, scope) for dp in range(1, max_dp + 1)]
+def decode_cells(replica: DecodeReplica, max_dp: int, itl_slo_s: float, scope: str) -> list[TauCell]:
+    """tau_dec(n, k) for k = 1..``max_dp`` replicas like ``replica`` (``decode_replica``,
+    degree n) carrying the decode side (module docstring)."""
+    return [_cell(replica, dp, itl_slo_s, scope) for dp in range(1, max_dp + 1)]
 
 
 def decode_replica(stream: NominalStream, perf: PerfModel, tp: int, batching: Batching = Batching(),
@@ -204,8 +202,7 @@ def _mixed_cell(main: DecodeReplica, k: int, rest: DecodeReplica, j: int, itl_sl
                                kv_tokens=math.ceil(fullest * main.capacity_tokens))
 
 
-def decode_cell(r: DecodeReplica, dp: int, itl_slo_s: float, scope: str) -> TauCell:
-    """tau_dec of ``dp`` replicas like ``r`` carrying the decode side (module docstring)."""
+def _cell(r: DecodeReplica, dp: int, itl_slo_s: float, scope: str) -> TauCell:
     p95_s, kv_tokens, reason = _serve(r, float(dp), scope)
     return TauCell(Role.DECODE, r.tp, dp, p95_s, itl_slo_s, math.ceil(kv_tokens), r.capacity_tokens, reason)
 

@@ -12,7 +12,7 @@ from ampd.core.session import Session
 from ampd.perf.interface import PerfModel
 from ampd.policy.batching import Batching
 from ampd.planner.cells import TauCell
-from ampd.planner.decode_tau import LocalLoad, decode_cell, decode_replica, mixed_decode_cells, spread_locals
+from ampd.planner.decode_tau import LocalLoad, decode_cells, decode_replica, mixed_decode_cells, spread_locals
 from ampd.planner.prefill_tau import prefill_cells
 from ampd.planner.stream import NominalStream, build_stream
 from ampd.policy.routing import SloThresholds
@@ -121,8 +121,7 @@ class TauSides:
         """Every decode cell carrying the local prefills ``local`` (``decode_tau.decode_cells``),
         then, with ``mixed_degrees``, every two-degree one (``decode_tau.mixed_decode_cells``)."""
         replicas = [decode_replica(self.stream, self.perf, n, self.batching, local) for n in self.degrees]
-        cells = tuple(decode_cell(r, dp, self.slo.itl_s, self.scope)
-                      for r in replicas for dp in range(1, self._max_dp(r.tp) + 1))
+        cells = tuple(c for r in replicas for c in decode_cells(r, self._max_dp(r.tp), self.slo.itl_s, self.scope))
         if not self.mixed_degrees:
             return cells
         return cells + tuple(mixed_decode_cells(replicas, self.num_gpus - self.degrees[0], self.slo.itl_s,
