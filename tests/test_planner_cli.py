@@ -30,12 +30,26 @@ def test_plan_prints_and_writes_the_top_3_in_the_papers_notation(tmp_path, capsy
     assert len(names) == 3 == len(set(names)) and all(n.startswith("P:<TP=") and " D:<TP=" in n for n in names)
     assert all(p["status"] == "optimal" for p in result["plans"])
     assert [p["objective"] for p in result["plans"]] == sorted(p["objective"] for p in result["plans"])
-    # ampd (the default system) is planned co-designed with its router: no fixed share
+    # ampd-slo (the default system) is planned co-designed with its router: no fixed share
     assert result["local_share"] is None and result["config"]["workload"]["rate_per_s"] == 1.0
+    assert result["config"]["system"] == "ampd-slo"
     printed = capsys.readouterr().out
     assert all(n in printed for n in names) and "co-designed" in printed
     _run(SMALL + ["--out", str(tmp_path), "--local-share", "0.2"])
     assert _plans(tmp_path)["local_share"] == 0.2
+
+
+def test_the_system_planned_for_is_the_configurations_else_ampd_slo(tmp_path):
+    # a configuration file's system is planned for (before, --system's default replaced it);
+    # --system replaces both; plain PD disaggregation gets its fixed share, 0
+    config = tmp_path / "pd.toml"
+    config.write_text('system = "pd-disagg"\n')
+    _run(SMALL + ["--config", str(config), "--out", str(tmp_path / "file")])
+    from_file = _plans(tmp_path / "file")
+    assert from_file["config"]["system"] == "pd-disagg" and from_file["local_share"] == 0.0
+    _run(SMALL + ["--config", str(config), "--system", "ampd", "--out", str(tmp_path / "flag")])
+    from_flag = _plans(tmp_path / "flag")
+    assert from_flag["config"]["system"] == "ampd" and from_flag["local_share"] is None
 
 
 def test_milp_gives_the_same_plans_as_scip(tmp_path):
@@ -105,7 +119,8 @@ def test_mixed_degrees_adds_two_degree_decode_sides(tmp_path, capsys):
     # Qwen3-32B on 12 GPUs: with the flag, a TP=4 and a TP=2 decode replica beside three TP=2
     # prefill replicas (the 2 GPUs no second TP=4 replica would use) rank first; without it the
     # same plans but that one, in the same order.
-    argv = ["--model", "Qwen3-32B", "--gpus", "12", "--workload", "hotpotqa", "--num-sessions", "60", "--rate", "2.25"]
+    argv = ["--model", "Qwen3-32B", "--gpus", "12", "--workload", "hotpotqa", "--num-sessions", "60", "--rate", "2.25",
+            "--system", "ampd"]
     _run(argv + ["--out", str(tmp_path / "mixed"), "--mixed-degrees"])
     _run(argv + ["--out", str(tmp_path / "one")])
     mixed, one = (_plans(tmp_path / d) for d in ("mixed", "one"))

@@ -27,6 +27,13 @@ from ampd.policy.systems import get_system
 from ampd.runner import PointRunner
 from ampd.sweep import resolve_slo, workload_source
 
+PLANNED_SYSTEM = "ampd-slo"
+"""[our choice] The system ``ampd plan`` plans for when neither ``--system`` nor the
+configuration names one: the planner's router model describes the predictive routers
+(``ampd-slo``, ``ampd-predictive``), not the paper's windowed ``ampd``, whose herding can
+make the plan it finds unstable (docs/PLANNER.md, "Why the fixed-share planner's pick lost", 4); and
+``ampd-slo`` leads the grid (docs/RESULTS.md)."""
+
 
 def simulation_pool(config: RunConfig, plans: Sequence[Plan], sample: int, local_share: float) -> list[Plan]:
     """``plans`` plus ``sample`` other feasible plans drawn with ``random.Random(config.seed)``,
@@ -83,12 +90,13 @@ def _config(args: argparse.Namespace) -> RunConfig:
     if args.deployment is not None:
         raise InputError(f"ampd plan chooses the deployment; --deployment {args.deployment!r} is for ampd simulate "
                          "and ampd sweep (ampd plan --simulate runs the plans it finds)")
-    if get_system(args.system).colocated:
-        raise InputError(f"system {args.system!r} runs colocated replicas, which ampd plan does not plan (it splits "
+    system = args.system or (config.system if "system" in config.model_fields_set else PLANNED_SYSTEM)
+    if get_system(system).colocated:
+        raise InputError(f"system {system!r} runs colocated replicas, which ampd plan does not plan (it splits "
                          "GPUs between prefill and decode replicas); plan for a disaggregated system, e.g. --system "
                          "ampd-slo")
     planner = {} if args.mixed_degrees is None else {"mixed_degrees": args.mixed_degrees}
-    return resolve_slo(override(config, system=args.system, workload=workload, planner=planner))
+    return resolve_slo(override(config, system=system, workload=workload, planner=planner))
 
 
 def _plans_table(title: str, plans: Sequence[Plan]) -> Table:
@@ -167,7 +175,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--workload", help="toolbench|gaia|hotpotqa|dureader, builtin:<trace>, or a trace file")
     source.add_argument("--trace", help="a trace file or builtin:<trace> (same as --workload with a trace)")
     p.add_argument("--rate", type=float, help="session arrival rate to plan for (sessions/s)")
-    p.add_argument("--system", default="ampd", help="the system planned for and simulated (default: ampd)")
+    p.add_argument("--system", help="the system planned for and simulated (default: the configuration's system, "
+                                     f"else {PLANNED_SYSTEM})")
     p.add_argument("--top-k", type=positive_int, default=3, help="plans to print (default: 3)")
     p.add_argument("--local-share", type=float,
                    help="a fixed share of prefills run locally (default: co-designed with the router for AMPD's "
