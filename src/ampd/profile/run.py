@@ -31,7 +31,7 @@ from ampd.profile.decode_load import STARTED_TOKENS, DecodeLoad
 from ampd.profile.decode_probe import (DecodePoint, MixedPoint, chunk_budget_tokens, measure_decode,
                                       measure_mixed, search_chunk_budget)
 from ampd.profile.engine import ProbedEngine, connect
-from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_linear_points, fit_prefill_points
+from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_linear_points, fit_prefill_points, repeat_spread
 from ampd.profile.kv_probe import KvPoint, measure_kv
 from ampd.profile.overhead_probe import OverheadPoint, measure_overhead
 from ampd.profile.prefill_probe import PrefillPoint, measure_prefill
@@ -62,8 +62,9 @@ class ProfileGrid:
             transfers make the NIXL handshake).
         chunk_tokens: the decode engine's token budget per step when known (vLLM's
             ``--max-num-batched-tokens``, which it does not report over HTTP); the
-            mixed probe then runs once, to tell chunks from a pause, and the budget
-            is taken from here rather than searched for. None: searched (a binary
+            mixed probe then runs ``repeats`` times, to tell chunks from a pause by a
+            majority (``batching``), and the budget is taken from here rather than
+            searched for. None: searched (a binary
             search of single mixed probes, which a noisy machine can mislead:
             docs/PROFILING.md, "Pitfalls met").
         serving_load_batch: sequences the decode engine streams while the remote-round
@@ -236,10 +237,12 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
     mixed_new = min(grid.mixed_new_tokens, limit - 1)
     mixed_output = grid.decode_output_tokens
     if mixed_prompt + mixed_output <= limit:
-        # A known budget needs one probe (chunks or a pause?); an unknown one is searched for.
+        # A known budget needs only chunks told from a pause: ``repeats`` probes, the
+        # majority decides (``batching``); an unknown budget is searched for.
         mixed = search_chunk_budget if grid.chunk_tokens is None else measure_mixed
-        plan.append(("mixed", lambda: mixed(decode, grid.mixed_batch_size, mixed_prompt, mixed_output, mixed_new,
-                                            limit - mixed_prompt), True))
+        plan += [("mixed", lambda: mixed(decode, grid.mixed_batch_size, mixed_prompt, mixed_output, mixed_new,
+                                         limit - mixed_prompt), True)
+                 for _ in range(1 if grid.chunk_tokens is None else grid.repeats)]
     return plan
 
 
@@ -261,6 +264,8 @@ def fit(points: Measurements, seed: int, known_chunk_tokens: int | None = None) 
     rng = np.random.default_rng(seed)
     prefill = fit_prefill_points([(p.hist_tokens, p.new_tokens, p.time_s) for p in points.prefill], rng)
     decode = fit_decode_points([(b, ctx, t) for (b, _), (ctx, t) in decode_medians(points.decode).items()], rng)
+    decode = dataclasses.replace(decode, repeat_spread=repeat_spread(
+        [(p.batch_size, p.prompt_tokens, p.step_s) for p in points.decode]))
     kv = fit_kv_points([(p.bytes, 0, p.time_s) for p in points.kv], rng) if points.kv else None
     bytes_per_token = round(statistics.median(p.bytes / p.tokens for p in points.kv)) if points.kv else None
     # A median below 0 (the client's clock finer than the path) is no path: 0.
@@ -306,20 +311,29 @@ def decode_medians(points: list[DecodePoint]) -> dict[tuple[int, int], tuple[int
 
 
 def batching(mixed: list[MixedPoint], known_chunk_tokens: int | None = None) -> dict[str, Any]:
-    """How the engine mixes a local prefill with decode steps, from the mixed probes
-    (``search_chunk_budget``, or one ``measure_mixed`` when the budget is known):
-    ``chunked`` when a prefill spread over several steps, with the budget found, or
-    ``known_chunk_tokens`` (``chunk_tokens_from`` says which); ``alternate`` (the batch
-    pauses for the whole prefill) when even the largest took one step; ``unmeasured``
-    without probes."""
+    """How the engine mixes a local prefill with decode steps, from the mixed probes.
+
+    With the budget known (``known_chunk_tokens``: ``repeats`` ``measure_mixed`` probes of
+    one size), ``chunked`` at that budget when at least half the probes saw the prefill
+    spread over several steps, else ``alternate`` ([our choice]: one probe's step count
+    moves by one with a noisy machine's steps, docs/PROFILING.md, so a majority decides;
+    a tie goes to the engine's configuration). Searched (``search_chunk_budget``),
+    ``chunked`` with the budget found when a prefill spread over several steps,
+    ``alternate`` (the batch pauses for the whole prefill) when even the largest took
+    one step. ``unmeasured`` without probes. ``chunk_tokens_from`` says which.
+    """
     if not mixed:
         return {"mode": "unmeasured"}
     seen = {"largest_probe_tokens": mixed[0].new_tokens, "num_probes": len(mixed)}
+    if known_chunk_tokens is not None:
+        several = sum(p.num_prefill_steps > 1 for p in mixed)
+        seen["probes_in_several_steps"] = several
+        if 2 * several >= len(mixed):
+            return {"mode": "chunked", "chunk_tokens": known_chunk_tokens,
+                    "chunk_tokens_from": "engine configuration", **seen}
+        return {"mode": "alternate", **seen}
     if all(p.num_prefill_steps <= 1 for p in mixed):
         return {"mode": "alternate", **seen}
-    if known_chunk_tokens is not None:
-        return {"mode": "chunked", "chunk_tokens": known_chunk_tokens, "chunk_tokens_from": "engine configuration",
-                **seen}
     return {"mode": "chunked", "chunk_tokens": chunk_budget_tokens(mixed), "chunk_tokens_from": "search", **seen}
 
 
