@@ -226,6 +226,7 @@ def test_repeat_spread_is_how_far_two_halves_of_a_points_repeats_lie():
     samples = [(0, 8, 1.0), (0, 8, 2.0), (1, 8, 1.0), (0, 8, 3.0), (1, 8, 1.5), (2, 8, 9.0)]
     assert repeat_spread(samples) == pytest.approx((0.0 + 0.5) / 2)
     assert repeat_spread([(0, 8, 1.0), (1, 8, 2.0)]) is None
+    assert repeat_spread([(0, 8, 0.0), (0, 8, 1.0)]) is None  # an even half at 0 s has no ratio
     # reported with the fit: on exact repeats of a line, 0 apart
     fit = fit_kv_points([(b, 0, 1e-3 + b * 1e-9) for b in (1e5, 1e6, 4e6, 1e7) for _ in range(3)],
                         np.random.default_rng(0))

@@ -88,16 +88,17 @@ def medians(samples: Sequence[Sample]) -> list[Sample]:
 
 def repeat_spread(samples: Sequence[Sample]) -> float | None:
     """How far apart two halves of the same probes put a grid point, a fraction: per
-    distinct ``(a, b)`` measured twice or more, ``|median(odd repeats) / median(even
-    repeats) - 1|`` with the repeats in the order given (run order: alternate ones, so a
-    drift of the machine over the run falls on both halves), averaged over those points;
-    None when there are none. [our choice] the yardstick of ``ampd validate``'s real
+    distinct ``(a, b)`` measured twice or more (and an even half above 0),
+    ``|median(odd repeats) / median(even repeats) - 1|`` with the repeats in the order
+    given (run order: alternate ones, so a drift of the machine over the run falls on
+    both halves), averaged over those points; None when there are none. [our choice] the yardstick of ``ampd validate``'s real
     repeats (docs/PROFILING.md) applied to the probes: a held-out MAPE near it is as close
     as the machine's repeats allow, one far above it is the model's."""
     groups: dict[tuple[int, int], list[float]] = defaultdict(list)
     for a, b, t in samples:
         groups[(a, b)].append(t)
-    apart = [abs(statistics.median(ts[1::2]) / statistics.median(ts[0::2]) - 1) for ts in groups.values() if len(ts) > 1]
+    halves = [(statistics.median(ts[1::2]), statistics.median(ts[0::2])) for ts in groups.values() if len(ts) > 1]
+    apart = [abs(odd / even - 1) for odd, even in halves if even > 0]  # a zero time (a fit refuses it) has no ratio
     return float(np.mean(apart)) if apart else None
 
 
