@@ -26,7 +26,7 @@ from ampd.profile.engine import ProbedEngine, connect
 from ampd.profile.overhead_probe import PROBE_PROMPT_TOKENS, OverheadPoint, measure_overhead
 from ampd.profile.fit import fit_kv_points, fit_prefill_points, mape, medians, repeat_spread, split
 from ampd.profile.remote_probe import RemotePoint
-from ampd.profile.prefill_probe import PrefillPoint
+from ampd.profile.prefill_probe import PrefillPoint, measure_prefill
 from ampd.profile.profile_file import profile_document
 from ampd.profile.run import Measurements, ProfileGrid, batching, fit, fit_remote, remote_paths_s, run
 from ampd.profile.scrape import ProbeError
@@ -330,3 +330,17 @@ def test_an_engine_that_is_not_there_is_named(tmp_path, capsys):
                  "--out", str(tmp_path)])
     assert code == 2
     assert url in capsys.readouterr().err
+
+
+def test_an_engine_that_served_the_same_seeds_prompts_is_refused_not_misread():
+    # Two profiles with one seed send the same "fresh" prompts; the second finds its 64-token
+    # first round already cached and would record it as (64 cached, 1 new): refused instead.
+    async def first_round(url):
+        async with httpx.AsyncClient() as client:
+            engine, _ = await connect(url, client, np.random.default_rng(0))
+            return await measure_prefill(engine, 0, 64)
+
+    with _mock_pair() as (_, d, _perf):
+        assert asyncio.run(first_round(d)).new_tokens == 64
+        with pytest.raises(ProbeError, match="served this seed's prompts before"):
+            asyncio.run(first_round(d))

@@ -150,7 +150,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     print_table(_plans_table(f"{c.model} on {c.num_gpus} x {c.gpu}, {w.label} at {rate_for(config):g} sessions/s "
                              f"({w.arrival_process} arrivals), "
                              f"SLO TTFT {config.slo.ttft_s:.2f} s, ITL {1000 * config.slo.itl_s:.0f} ms; "
-                             f"{routing}; {args.solver}, {planning_s:.2f} s", plans))
+                             f"planned for {config.system}, {routing}; {args.solver}, {planning_s:.2f} s", plans))
     if config.planner.refine_top_k and config.planner.refine_by == "capacity":
         print(f"[planner] refine_by = capacity: the top {config.planner.refine_top_k} were drawn at the planner's "
               "knee (their Z is there) and are in the order of their simulated capacity")

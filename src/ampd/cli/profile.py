@@ -35,7 +35,7 @@ def cmd_profile(args: argparse.Namespace) -> None:
     document = profile_document(points, fingerprints, fits, model, gpu, args.tp, grid, args.seed)
     path = write(document, out_dir / "profile.json")
     engine = fingerprints["decode_engine"]
-    title = f"{engine['model']} on {engine['engine']} {engine.get('engine_version') or ''}, TP={args.tp}".strip()
+    title = f"{engine['model']} on {' '.join(filter(None, (engine['engine'], engine.get('engine_version'))))}, TP={args.tp}"
     plots = plot_profile(points, fits, title, out_dir)
     remote = fits["remote"] or {}
     named = [("T_pre", fits["prefill"]), ("T_dec", fits["decode"]), ("T_kv", fits["kv"]),

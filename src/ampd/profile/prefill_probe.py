@@ -38,7 +38,8 @@ async def measure_prefill(engine: ProbedEngine, hist_tokens: int, new_tokens: in
     Raises:
         ProbeError: the engine failed a request, does not report the prefill time or
             the cached tokens, or the history was not cached at all (prefix caching
-            off: vLLM's ``--enable-prefix-caching``).
+            off: vLLM's ``--enable-prefix-caching``), or more than the history was (the
+            engine holds an earlier profile's prompts of the same seed).
     """
     prompt = engine.unique_prompt(hist_tokens + new_tokens)
     session = engine.new_session()
@@ -51,4 +52,9 @@ async def measure_prefill(engine: ProbedEngine, hist_tokens: int, new_tokens: in
     if hist_tokens and hit == 0:
         raise ProbeError(f"{engine.url}: a {hist_tokens}-token history just sent was not cached: enable "
                          "prefix caching (vLLM: --enable-prefix-caching)")
+    if hit > hist_tokens:
+        # The prompts are the seed's: an engine that served a profile of the same seed holds them.
+        raise ProbeError(f"{engine.url}: {hit} tokens of a fresh prompt were already cached (the probe sent "
+                         f"{hist_tokens} first): the engine served this seed's prompts before, in an earlier "
+                         "profile; restart the engines or profile with another --seed")
     return PrefillPoint(hit, len(prompt) - hit, delta(before, after, PREFILL_TIME).sum)
