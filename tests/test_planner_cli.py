@@ -47,6 +47,10 @@ def test_the_system_planned_for_is_the_configurations_else_ampd_slo(tmp_path):
     _run(SMALL + ["--config", str(config), "--out", str(tmp_path / "file")])
     from_file = _plans(tmp_path / "file")
     assert from_file["config"]["system"] == "pd-disagg" and from_file["local_share"] == 0.0
+    colocated = tmp_path / "vllm.toml"
+    colocated.write_text('system = "vllm"\n')
+    with pytest.raises(InputError, match=f"{colocated}: system: system 'vllm' runs colocated replicas"):
+        _run(SMALL + ["--config", str(colocated), "--out", str(tmp_path / "vllm")])
     _run(SMALL + ["--config", str(config), "--system", "ampd", "--out", str(tmp_path / "flag")])
     from_flag = _plans(tmp_path / "flag")
     assert from_flag["config"]["system"] == "ampd" and from_flag["local_share"] is None
@@ -93,6 +97,7 @@ def test_transient_runs_rank_nothing(tmp_path, capsys):
     (["--system", "nope"], "unknown system 'nope'"),
     (["--deployment", "P:<TP=2,DP=2> D:<TP=4,DP=1>"], "ampd plan chooses the deployment"),
     (["--system", "vllm"], "system 'vllm' runs colocated replicas, which ampd plan does not plan"),
+    (["--system", ""], "unknown system ''"),
 ])
 def test_infeasible_or_bad_input_is_refused_with_the_reason(argv, message, tmp_path):
     with pytest.raises(InputError) as err:

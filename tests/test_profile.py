@@ -178,6 +178,8 @@ def test_a_budget_the_engine_was_started_with_is_taken_when_the_probe_sees_chunk
     assert batching([probe(3072, 2), probe(3072, 1), probe(3072, 2)], known_chunk_tokens=2048)["mode"] == "chunked"
     assert batching([probe(3072, 1), probe(3072, 2), probe(3072, 1)], known_chunk_tokens=2048)["mode"] == "alternate"
     assert batching([probe(3072, 1), probe(3072, 2)], known_chunk_tokens=2048)["mode"] == "chunked"
+    assert batching([probe(512, 1), probe(8192, 5), probe(4096, 3)], known_chunk_tokens=2048)[
+        "largest_probe_tokens"] == 8192
     # What the engine did wins over what it was said to run: one step is a pause.
     assert batching([probe(3072, 1)], known_chunk_tokens=512)["mode"] == "alternate"
     assert batching([probe(3072, 7), probe(1536, 4), probe(504, 1)])["chunk_tokens_from"] == "search"
@@ -231,6 +233,15 @@ def test_repeat_spread_is_how_far_two_halves_of_a_points_repeats_lie():
     fit = fit_kv_points([(b, 0, 1e-3 + b * 1e-9) for b in (1e5, 1e6, 4e6, 1e7) for _ in range(3)],
                         np.random.default_rng(0))
     assert fit.repeat_spread == 0.0 and fit.report()["repeat_spread"] == 0.0
+
+
+@pytest.mark.parametrize("bad_s", [0.0, -5.0, float("nan"), float("inf")])
+def test_a_bad_time_is_refused_even_where_a_median_would_hide_it(bad_s):
+    line = [(0, n, 1e-4 * n) for n in (128, 256, 512, 1024, 2048)]
+    hidden = [(0, 128, t) for t in (0.0128, bad_s, 0.0128)]  # the median would be 0.0128
+    for fit in (fit_prefill_points, fit_kv_points):
+        with pytest.raises(InputError, match="finite number of seconds above 0"):
+            fit(line + hidden, np.random.default_rng(0))
 
 
 def test_a_kv_link_fits_latency_plus_bytes_over_bandwidth():

@@ -90,9 +90,10 @@ def _config(args: argparse.Namespace) -> RunConfig:
     if args.deployment is not None:
         raise InputError(f"ampd plan chooses the deployment; --deployment {args.deployment!r} is for ampd simulate "
                          "and ampd sweep (ampd plan --simulate runs the plans it finds)")
-    system = args.system or (config.system if "system" in config.model_fields_set else PLANNED_SYSTEM)
+    from_file = args.system is None and "system" in config.model_fields_set
+    system = config.system if from_file else PLANNED_SYSTEM if args.system is None else args.system
     if get_system(system).colocated:
-        raise InputError(f"system {system!r} runs colocated replicas, which ampd plan does not plan (it splits "
+        raise InputError(f"{f'{args.config}: system: ' if from_file else ''}system {system!r} runs colocated replicas, which ampd plan does not plan (it splits "
                          "GPUs between prefill and decode replicas); plan for a disaggregated system, e.g. --system "
                          "ampd-slo")
     planner = {} if args.mixed_degrees is None else {"mixed_degrees": args.mixed_degrees}

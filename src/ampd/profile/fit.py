@@ -23,6 +23,7 @@ error reported on points the fit never saw.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -175,7 +176,7 @@ def fit_linear_points(samples: Sequence[Sample], rng: np.random.Generator, what:
 def _fit_line(samples: Sequence[Sample], rng: np.random.Generator, what: str) -> tuple[FitResult, tuple[float, float]]:
     """``a + b x`` fitted to ``(x, 0, seconds)`` samples by non-negative least squares on
     relative error: the fit and ``(a, b)``."""
-    points = medians(samples)
+    points = medians(_timed(samples, what))
     if len({p[0] for p in points}) < 2 or any(not t > 0 for _, _, t in points):
         raise InputError(f"{what} fit: needs 2 or more sizes with positive times, got {points}")
     train, held = split(points, rng)
@@ -195,7 +196,7 @@ def _fit_line(samples: Sequence[Sample], rng: np.random.Generator, what: str) ->
 def _fit_piecewise(samples: Sequence[Sample], rng: np.random.Generator,
                    fit: Callable[[Sequence[Sample], Sequence[int]], PrefillCost | DecodeCost],
                    size: Callable[[Sample], int]) -> FitResult:
-    points = medians(samples)
+    points = medians(_timed(samples, "cost"))
     if len(points) < 3:
         raise InputError(f"cost fit: needs 3 or more distinct grid points, got {len(points)}")
     train, held = split(points, rng)
@@ -215,6 +216,19 @@ def _fit_piecewise(samples: Sequence[Sample], rng: np.random.Generator,
     cost = fit(train, chosen)
     return FitResult(cost, chosen, mape(cost, train), mape(cost, held), len(train), len(held), tuple(held),
                      repeat_spread=repeat_spread(samples))
+
+
+def _timed(samples: Sequence[Sample], what: str) -> Sequence[Sample]:
+    """``samples``, each time checked finite and above 0 (a median can hide a bad repeat,
+    which ``repeat_spread`` would then read).
+
+    Raises:
+        InputError: a sample's time is not a finite number above 0 (``what`` names the fit).
+    """
+    bad = [sample for sample in samples if not (math.isfinite(sample[2]) and sample[2] > 0)]
+    if bad:
+        raise InputError(f"{what} fit: every time must be a finite number of seconds above 0, got {bad[:3]}")
+    return samples
 
 
 def _cv_error(folds: list[list[Sample]], fit: Callable, breakpoints: tuple[int, ...]) -> float:

@@ -324,7 +324,7 @@ def batching(mixed: list[MixedPoint], known_chunk_tokens: int | None = None) -> 
     """
     if not mixed:
         return {"mode": "unmeasured"}
-    seen = {"largest_probe_tokens": mixed[0].new_tokens, "num_probes": len(mixed)}
+    seen = {"largest_probe_tokens": max(p.new_tokens for p in mixed), "num_probes": len(mixed)}
     if known_chunk_tokens is not None:
         several = sum(p.num_prefill_steps > 1 for p in mixed)
         seen["probes_in_several_steps"] = several
