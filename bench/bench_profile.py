@@ -83,9 +83,9 @@ def main() -> None:
         "batching": fits["batching"], "kv_bytes_per_token": fits["kv_bytes_per_token"],
         "request_overhead_s": fits["request_overhead_s"],
         "request_overhead_points_s": sorted(o.overhead_s for o in points.overhead),
-        "remote_path": document["perf_model"]["remote_path"],
+        "remote_path": document["perf_model"]["remote_path"], "shared_host": fits["shared_host"],
         "num_points": {name: len(getattr(points, name))
-                       for name in ("prefill", "decode", "kv", "mixed", "overhead", "remote")}})
+                       for name in ("prefill", "decode", "kv", "mixed", "overhead", "remote", "neighbour")}})
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ both sides). SLO thresholds derived from the profile by the usual rule. Before t
 coordinators' and the client's share of a round (``serving_stack``, ``ampd.profile.stack_probe``),
 which the simulator adds. ``without_serving_stack``: the same real runs against the simulator
 without it (the same profile less ``serving_stack``, the same SLO thresholds), side by side in
-the same run: what the stack's measurement changes. ``engine_side`` holds each real run's engine
+the same run: what the stack's measurement changes. ``without_shared_host``: the same with the
+profile less its ``shared_host`` factor (the decode steps' slowdown while the prefill engine
+computes on the same cores, ``ampd.profile.neighbour_probe``), the simulator's engines then
+sharing nothing. ``engine_side`` holds each real run's engine
 counters (``ampd.profile.engine_side``): where the gap lies.
 
 Run it on an otherwise idle machine: the engines, the coordinator and the client share
@@ -76,14 +79,16 @@ def config(model_dir: Path) -> RunConfig:
                             "nixl_ucx_tls": "tcp", "nixl_decoder_kv_ttl_s": 120})
 
 
-def without_serving_stack(run: RunConfig, result: Validation, work: Path) -> list[dict]:
+def without(field: str, run: RunConfig, result: Validation, work: Path) -> list[dict] | None:
     """``compare`` of each real run against the simulator timed by the same profile less its
-    ``serving_stack``, at the same SLO thresholds."""
+    perf model's ``field``, at the same SLO thresholds; None when the profile has no such field."""
     document = json.loads(result.profile_path.read_text())
-    del document["perf_model"]["serving_stack"]
-    engines_only = work / "profile-engines-only.json"
-    engines_only.write_text(json.dumps(document))
-    config = with_perf_model(run, str(engines_only))
+    if field not in document["perf_model"]:
+        return None
+    del document["perf_model"][field]
+    less = work / f"profile-without-{field}.json"
+    less.write_text(json.dumps(document))
+    config = with_perf_model(run, str(less))
     config = config.model_copy(update={"slo": config.slo.model_copy(
         update={"ttft_s": result.sim.slo.ttft_s, "itl_s": result.sim.slo.itl_s})})
     sessions, _ = clip_to_context(sessions_for(config), MAX_MODEL_LEN)
@@ -113,7 +118,9 @@ def main() -> None:
         "serving_stack": profile["perf_model"].get("serving_stack"),
         "failed_sessions": sum(len(r.failed) for r in result.runs), **worst,
         "real_vs_sim": result.figures, "real_repeat_spread": result.spread,
-        "without_serving_stack": without_serving_stack(run, result, work), "engine_side": result.engine_side})
+        "shared_host": profile["perf_model"].get("shared_host"),
+        "without_serving_stack": without("serving_stack", run, result, work),
+        "without_shared_host": without("shared_host", run, result, work), "engine_side": result.engine_side})
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ class StubPerf:
     kv_bytes_per_token = 1
     tps = (1, 2, 4, 8)
     request_overhead_s = 0.0
+    decode_step_factor_beside_prefill = 1.0
 
     def __init__(self, capacity_tokens: int = 1_000_000) -> None:
         self.capacity_tokens = capacity_tokens

@@ -67,13 +67,14 @@ def test_a_measured_remote_path_replaces_the_papers_read_prefill_and_send():
     paper = _from(hand_model())
     # The paper's stages: KV read of the history, T_pre, KV send of the new tokens.
     assert paper.remote_stages_s(1000, 100, P0, D1) == pytest.approx(
-        (0.001 + 0.131072, 0.01 + 0.01, 0.001 + 0.0131072))
+        (0.001 + 0.131072, 0.01 + 0.01, 0.001 + 0.0131072, 0.0))  # all of T_pre on the prefill engine
     measured = _from({**hand_model(), "remote_path": REMOTE_PATH})
     # Nothing read ahead; on the prefill worker the export request (5 ms serving path + 20 ms
     # + 1 ms) then the prefill engine's request (30 + 20 + 10 ms, and its 5 ms path); the join
-    # (25 + 1 ms, and its 5 ms path). Each path is the plain request's: none was timed.
-    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.026 + 0.065, 0.031))
-    assert measured.remote_stages_s(0, 100, P0, D1) == pytest.approx((0.0, 0.055, 0.031))  # no history, no export
+    # (25 + 1 ms, and its 5 ms path). Each path is the plain request's: none was timed. The
+    # export leads the compute stage, on the decode engine.
+    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.026 + 0.065, 0.031, 0.026))
+    assert measured.remote_stages_s(0, 100, P0, D1) == pytest.approx((0.0, 0.055, 0.031, 0.0))  # no history, no export
     # Its stages hold every request's path, so the round adds none; the paper's stages hold
     # none, so its round adds the prefill request's before the queue and the join's after the
     # send; a local round, its one request's.
@@ -94,7 +95,7 @@ def test_a_remote_paths_own_serving_paths_replace_the_plain_requests_in_its_stag
     measured = _from({**hand_model(), "remote_path": timed})
     # compute: export 7 + 20 + 1 ms, prefill request 30 + 20 + 10 ms and its 12 ms; send: the
     # join 25 + 1 ms and its 3 ms.
-    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.028 + 0.06 + 0.012, 0.026 + 0.003))
+    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.028 + 0.06 + 0.012, 0.026 + 0.003, 0.028))
     assert measured.remote_request_paths_s(1) == (0.007, 0.012, 0.003)
     # Without them (an older profile) each is the plain request's.
     assert _from({**hand_model(), "remote_path": REMOTE_PATH}).remote_request_paths_s(1) == (0.005,) * 3
@@ -187,6 +188,17 @@ def _without(data: dict, section: str, key: str) -> dict:
     (lambda d: d.update(serving_stack={"route_s": 2.0, "dispatch_s": 8.0, "handoff_s": 6.0, "client_s": 13.0}),
      "serving_stack.client_s: 13.0 s is more than 10 s"),
     (lambda d: d.update(serving_stack=[0.002, 0.008, 0.006, 0.013]), "serving_stack: expected an object"),
+    (lambda d: d.update(shared_host={}), "shared_host: missing 'decode_step_factor'"),
+    (lambda d: d.update(shared_host={"decode_step_factor": 1.5, "prefill_factor": 1}),
+     "shared_host: unknown field 'prefill_factor'"),
+    (lambda d: d.update(shared_host={"decode_step_factor": 0.8}), "shared_host.decode_step_factor: expected a number "
+                                                                   "from 1 to 10"),
+    (lambda d: d.update(shared_host={"decode_step_factor": 187}), "shared_host.decode_step_factor: expected a number "
+                                                                   "from 1 to 10"),
+    (lambda d: d.update(shared_host={"decode_step_factor": "1.87"}), "shared_host.decode_step_factor: expected"),
+    (lambda d: d.update(shared_host={"decode_step_factor": True}), "shared_host.decode_step_factor: expected"),
+    (lambda d: d.update(shared_host={"decode_step_factor": 10**400}), "shared_host.decode_step_factor: expected"),
+    (lambda d: d.update(shared_host=1.87), "shared_host: expected an object"),
     (lambda d: _without(d, "model", "hidden_size"), "model: missing 'hidden_size'"),
     (lambda d: d["model"].update(num_layers="32"), "model.num_layers: expected an integer > 0"),
     (lambda d: d["model"].update(active_params=9_000_000_000), "model.active_params: 9000000000 is more than params"),
@@ -198,6 +210,15 @@ def test_bad_values_are_refused_naming_the_field(change, message):
     change(data)
     with pytest.raises(InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
         _from(data)
+
+
+def test_a_shared_host_factor_is_read_written_and_1_where_not_measured():
+    measured = _from({**hand_model(), "shared_host": {"decode_step_factor": 1.87}})
+    assert measured.decode_step_factor_beside_prefill == 1.87
+    assert json.loads(measured.to_json())["shared_host"] == {"decode_step_factor": 1.87}
+    assert _from(json.loads(measured.to_json())) == measured
+    assert _from(hand_model()).decode_step_factor_beside_prefill == 1.0
+    assert build_perf_model("Llama-3.1-8B", "H100-SXM").decode_step_factor_beside_prefill == 1.0
 
 
 def test_a_huge_value_is_cut_short_in_the_message():

@@ -93,6 +93,22 @@ def test_the_serving_path_is_timed_under_a_decode_load_each_reading_its_own_requ
     assert max(point.engine_ttft_s for point in points.overhead) > prefill_s * 1.01
 
 
+def test_mock_engines_share_no_compute_so_the_profile_finds_no_neighbour_slowdown(alternate_profile):
+    # Two mock engines are two simulated workers that share nothing: a decode batch's steps are
+    # the model's whether the prefill engine computes or not, so the factor is 1 (and the
+    # neighbour did compute: it finished prefills while the busy batch ran).
+    (points, _, fits), perf = alternate_profile
+    assert len(points.neighbour) == GRID.repeats
+    for point in points.neighbour:
+        assert point.neighbour_prefills >= 1
+        assert (point.batch_size, point.prompt_tokens, point.prefill_tokens) == (4, 512, 1024)
+    assert fits["shared_host"]["decode_step_factor"] == 1.0
+    doc = profile_document(points, {"decode_engine": {}, "prefill_engine": {}}, fits, model("Llama-3.1-8B"),
+                           gpu("H100-SXM"), 1, GRID, 0)
+    assert doc["perf_model"]["shared_host"] == {"decode_step_factor": 1.0}
+    assert doc["fit_report"]["shared_host"]["decode_step_factor"] == 1.0
+
+
 def test_a_decode_load_that_cannot_run_fails_the_probe_waiting_on_it_instead_of_hanging():
     # An engine that answers /metrics but fails every completion: the load's warm-up
     # requests fail, and the probe waiting for the load to stream is told why, never run.
@@ -301,7 +317,7 @@ def test_a_profile_times_a_remote_round_with_its_requests_own_serving_paths():
     # 1,000 tokens of history, 100 new: the export 4 + 20 + 1 ms, the prefill request
     # 30 + 20 + 10 ms and its 9 ms path; the join 25 + 1 ms and its 5 ms path. The stages
     # hold every request's path, so the round adds none beside them.
-    assert perf.remote_stages_s(1000, 100, p0, d1) == pytest.approx((0.0, 0.025 + 0.06 + 0.009, 0.031), rel=1e-3)
+    assert perf.remote_stages_s(1000, 100, p0, d1) == pytest.approx((0.0, 0.025 + 0.06 + 0.009, 0.031, 0.025), rel=1e-3)
     assert perf.round_paths_s(1, 1) == (0.0, 0.0)
 
 

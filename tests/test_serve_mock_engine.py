@@ -252,6 +252,29 @@ def test_remote_prefill_replies_with_kv_params_and_decode_streams_the_same_token
     assert tokens[0] == pre["choices"][0]["token_ids"][0]
 
 
+def test_a_plain_prefill_on_a_prefill_engine_sends_no_kv_and_counts_its_prefill_time():
+    # A vLLM engine behind a KV connector serves plain requests too (the profile's shared-host
+    # probe sends them): the prefill alone, its KV going nowhere.
+    prompt = list(range(1000))
+
+    async def go():
+        async with _client(_app(Role.PREFILL, 0)) as p:
+            reply = await p.post("/v1/completions", headers={"X-Session-Id": "plain"},
+                                 json=_body(prompt, 1, stream=False))
+            return reply, (await p.get("/metrics")).text
+
+    reply, metrics = asyncio.run(go())
+    assert reply.status_code == 200
+    body = reply.json()
+    assert "kv_transfer_params" not in body
+    assert body["choices"][0]["token_ids"] == [token_id("plain", 1000, 0)]
+    lines = dict(line.rsplit(" ", 1) for line in metrics.splitlines() if line and not line.startswith("#"))
+    # One prefill of at least T_pre(0, 1000) at TP 4 (model seconds; jitter only adds), and no transfer.
+    assert float(lines["vllm:request_prefill_time_seconds_count"]) == 1
+    assert float(lines["vllm:request_prefill_time_seconds_sum"]) >= PERF.prefill_s(0, 1000, TP) - 1e-9
+    assert float(lines["vllm:nixl_xfer_time_seconds_count"]) == 0
+
+
 def test_a_failed_kv_load_is_a_503_before_any_token_and_local_recompute_follows():
     prompt, session = list(range(400)), {"X-Session-Id": "f"}
     app = _app(Role.DECODE, kv_fail_rate=1.0)
@@ -284,7 +307,9 @@ _BAD = [
     (Role.DECODE, {"stream": "yes"}, 400, "stream"),
     (Role.DECODE, {"model": "gpt-2"}, 404, "model"),
     (Role.DECODE, {"kv_transfer_params": _prefill_params()}, 400, "kv_transfer_params.do_remote_decode"),
-    (Role.PREFILL, {"max_tokens": 1}, 400, "kv_transfer_params.do_remote_decode"),
+    (Role.PREFILL, {"max_tokens": 1, "kv_transfer_params": {"do_remote_decode": False}}, 400,
+     "kv_transfer_params.do_remote_decode"),
+    (Role.PREFILL, {"max_tokens": 2}, 400, "max_tokens"),
     (Role.PREFILL, {"max_tokens": 2, "kv_transfer_params": _prefill_params()}, 400, "max_tokens"),
     (Role.PREFILL, {"max_tokens": 1, "kv_transfer_params": _prefill_params(10)}, 400,
      "kv_transfer_params.ampd_hist_tokens"),

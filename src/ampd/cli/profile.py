@@ -53,6 +53,11 @@ def cmd_profile(args: argparse.Namespace) -> None:
         paths = fits["remote_paths_s"]
         print(f"serving path of a remote round's requests: export {1000 * paths.export:.1f} ms, prefill "
               f"{1000 * paths.prefill:.1f} ms, join {1000 * paths.join:.1f} ms")
+    shared = fits["shared_host"]
+    if shared is not None:
+        print(f"decode steps beside the computing prefill engine: {shared['ratio_of_medians']:.2f} x idle "
+              f"({'every busy run slower' if shared['separated'] else 'the runs overlap'}); the model uses "
+              f"x{shared['decode_step_factor']:.2f}")
     print(f"profile in {path} (use it with --perf-model {path}); plots: {', '.join(p.name for p in plots)}")
 
 

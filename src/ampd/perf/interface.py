@@ -18,11 +18,16 @@ class RemoteStages(NamedTuple):
         compute_s: the time the task holds the prefill worker.
         send_s: from the compute's end to the decode engine's first token, less what
             ``PerfModel.round_paths_s`` adds after it.
+        export_s: the leading part of ``compute_s`` spent on the decode engine (a
+            measured remote round's history export), while the prefill engine is
+            idle; the rest of ``compute_s`` is the prefill engine's own work (what
+            slows a decode engine that shares its host, ``SharedHost``).
     """
 
     read_s: float
     compute_s: float
     send_s: float
+    export_s: float = 0.0
 
 
 class RoundPaths(NamedTuple):
@@ -98,6 +103,12 @@ class PerfModel(Protocol):
         """The serving path of each of a remote round's engine requests (export, prefill,
         join) at TP ``tp``, seconds: as a profile timed them, else each
         ``request_overhead_s``."""
+
+    @property
+    def decode_step_factor_beside_prefill(self) -> float:
+        """How many times longer a decode engine's step takes while a prefill engine on
+        the same host computes (``ampd.perf.measured.SharedHost``; >= 1): 1 where not
+        measured, as for engines on GPUs of their own."""
 
     def kv_capacity_tokens(self, tp: int) -> int:
         """KV tokens one replica of ``tp`` GPUs can hold: GPU memory minus weights

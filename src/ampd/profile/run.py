@@ -33,6 +33,7 @@ from ampd.profile.decode_probe import (DecodePoint, MixedPoint, chunk_budget_tok
 from ampd.profile.engine import ProbedEngine, connect
 from ampd.profile.fit import fit_decode_points, fit_kv_points, fit_linear_points, fit_prefill_points, repeat_spread
 from ampd.profile.kv_probe import KvPoint, measure_kv
+from ampd.profile.neighbour_probe import NeighbourPoint, decode_step_factor, measure_neighbour
 from ampd.profile.overhead_probe import OverheadPoint, measure_overhead
 from ampd.profile.prefill_probe import PrefillPoint, measure_prefill
 from ampd.profile.remote_probe import RemotePoint, exports_history, measure_remote
@@ -77,6 +78,14 @@ class ProfileGrid:
             per batch at a few ms a step, against a probe's fraction of a second, and
             the load ends by finishing its batch; the length is cut to the engine's
             ``max_model_len``).
+        neighbour_batch_size, neighbour_prompt_tokens, neighbour_prefill_tokens: the
+            shared-host probe (``ampd.profile.neighbour_probe``, once a repeat): a decode
+            batch of that many sequences on prompts of that length, decoding
+            ``decode_output_tokens`` each, with the prefill engine idle and then
+            prefilling fresh prompts of ``neighbour_prefill_tokens`` back to back
+            ([our choice] 4 on 512, the serving load's shape; 1,024-token prefills, as
+            ``bench/bench_vllm_contention.py`` measured; the prefill is cut to the
+            engine's ``max_model_len``).
     """
 
     hist_tokens: tuple[int, ...] = (0, 256, 1024, 2048)
@@ -96,6 +105,9 @@ class ProfileGrid:
     serving_load_batch: int = 4
     serving_load_prompt_tokens: int = 512
     serving_load_output_tokens: int = 1000
+    neighbour_batch_size: int = 4
+    neighbour_prompt_tokens: int = 512
+    neighbour_prefill_tokens: int = 1024
 
     def __post_init__(self) -> None:
         if self.chunk_tokens is not None and self.chunk_tokens <= self.mixed_batch_size:
@@ -104,7 +116,8 @@ class ProfileGrid:
         if self.serving_load_batch < 0:
             raise InputError(f"profile grid: serving_load_batch must be >= 0, got {self.serving_load_batch}")
         for name in ("repeats", "mixed_batch_size", "mixed_new_tokens", "overhead_probes", "serving_load_prompt_tokens",
-                     "serving_load_output_tokens"):
+                     "serving_load_output_tokens", "neighbour_batch_size", "neighbour_prompt_tokens",
+                     "neighbour_prefill_tokens"):
             if getattr(self, name) < 1:
                 raise InputError(f"profile grid: {name} must be >= 1, got {getattr(self, name)}")
         if self.decode_output_tokens < 8:
@@ -141,10 +154,11 @@ class Measurements:
     mixed: list[MixedPoint] = dataclasses.field(default_factory=list)
     overhead: list[OverheadPoint] = dataclasses.field(default_factory=list)
     remote: list[RemotePoint] = dataclasses.field(default_factory=list)
+    neighbour: list[NeighbourPoint] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, list[dict]]:
         return {name: [dataclasses.asdict(p) for p in getattr(self, name)]
-                for name in ("prefill", "decode", "kv", "mixed", "overhead", "remote")}
+                for name in ("prefill", "decode", "kv", "mixed", "overhead", "remote", "neighbour")}
 
 
 async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, seed: int,
@@ -162,7 +176,9 @@ async def measure(decode_url: str, prefill_url: str | None, grid: ProfileGrid, s
         points = Measurements()
         if prefill is not None:
             decode_print["exports_history"] = await exports_history(decode)
-        plan = _plan(grid, limit, decode, prefill, bool(decode_print.get("exports_history")))
+        # The neighbour's own handle and prompts: how many it sends depends on the machine's speed.
+        neighbour = (await connect(prefill_url, client, np.random.default_rng([seed, 2])))[0] if prefill else None
+        plan = _plan(grid, limit, decode, prefill, bool(decode_print.get("exports_history")), neighbour)
         # The load's own handle and prompts: the probes' prompts do not depend on how many batches ran.
         load = await _decode_load(grid, decode_url, client, limit, np.random.default_rng([seed, 1]))
         with tqdm(total=len(plan), desc="ampd profile", unit="probe", disable=not show_progress) as bar:
@@ -196,11 +212,13 @@ async def _decode_load(grid: ProfileGrid, decode_url: str, client: httpx.AsyncCl
 
 
 def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEngine | None,
-          exports: bool) -> list:
+          exports: bool, neighbour: ProbedEngine | None = None) -> list:
     """``(kind, probe, record)`` in run order: warm-ups (not recorded) first, then each
     grid point ``repeats`` times, repeats of a point apart so a slow spell of the
     machine does not hit all of them. Remote rounds when ``exports`` (the decode engine
-    hands history to ``prefill``)."""
+    hands history to ``prefill``); the shared-host probe once a repeat when
+    ``neighbour`` (a handle of its own on the prefill engine) is given and its batch
+    fits ``limit``."""
     def pre(h: int, n: int):
         return lambda: measure_prefill(decode, h, n)
 
@@ -212,6 +230,10 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
 
     def remote(h: int, n: int):
         return lambda: measure_remote(prefill, decode, h, n)
+
+    def beside():
+        return measure_neighbour(decode, neighbour, grid.neighbour_batch_size, grid.neighbour_prompt_tokens,
+                                 grid.decode_output_tokens, min(grid.neighbour_prefill_tokens, limit - 1))
 
     prefill_grid = [(h, n) for h in grid.hist_tokens for n in grid.new_tokens if h + n + 1 <= limit]
     decode_grid = [(b, p) for b in grid.batch_sizes for p in grid.decode_prompt_tokens
@@ -233,6 +255,8 @@ def _plan(grid: ProfileGrid, limit: int, decode: ProbedEngine, prefill: ProbedEn
         plan += [("kv", kv(t), True) for t in kv_grid]
         plan += [("remote", remote(h, n), True) for h, n in remote_grid]
         plan += [("overhead", lambda: measure_overhead(decode), True) for _ in range(grid.overhead_probes)]
+        if neighbour is not None and grid.neighbour_prompt_tokens + grid.decode_output_tokens <= limit:
+            plan.append(("neighbour", beside, True))
     mixed_prompt = min(grid.decode_prompt_tokens)
     mixed_new = min(grid.mixed_new_tokens, limit - 1)
     mixed_output = grid.decode_output_tokens
@@ -253,10 +277,12 @@ def fit(points: Measurements, seed: int, known_chunk_tokens: int | None = None) 
     Returns:
         ``{"prefill": FitResult, "decode": FitResult, "kv": FitResult | None,
         "kv_bytes_per_token": int | None, "batching": dict, "request_overhead_s":
-        float | None, "remote": dict | None, "remote_paths_s": RequestPaths | None}`` (the
+        float | None, "remote": dict | None, "remote_paths_s": RequestPaths | None,
+        "shared_host": dict | None}`` (the
         median serving path of the overhead probes, at least 0, None without them; the
         remote round's fits ``{"export", "prefill", "join"}`` and its requests' serving
-        paths, None without remote probes).
+        paths, None without remote probes); ``"shared_host"``: ``decode_step_factor``'s
+        reading, None without neighbour probes.
 
     Raises:
         InputError: too few points to fit a function.
@@ -273,7 +299,8 @@ def fit(points: Measurements, seed: int, known_chunk_tokens: int | None = None) 
     return {"prefill": prefill, "decode": decode, "kv": kv, "kv_bytes_per_token": bytes_per_token,
             "batching": batching(points.mixed, known_chunk_tokens), "request_overhead_s": overhead_s,
             "remote": fit_remote(points.remote, rng) if points.remote else None,
-            "remote_paths_s": remote_paths_s(points.remote) if points.remote else None}
+            "remote_paths_s": remote_paths_s(points.remote) if points.remote else None,
+            "shared_host": decode_step_factor(points.neighbour) if points.neighbour else None}
 
 
 def remote_paths_s(points: list[RemotePoint]) -> RequestPaths:

@@ -22,7 +22,9 @@ AMPD keys (``ampd_hist_tokens``, ``ampd_decode_tp``, ``ampd_decode_server``;
 without them: no history, a decode engine of the same TP on the same server)
 reads its history from that decode worker, prefills the rest and sends the new
 KV back; the reply comes when the KV has arrived, with the ``kv_transfer_params``
-the decode engine takes.
+the decode engine takes. A ``max_tokens: 1`` request without
+``kv_transfer_params`` is a plain prefill, as a vLLM engine with a KV connector
+also serves one: no history, nothing sent, no ``kv_transfer_params`` in the reply.
 
 ``GET /metrics`` reports vLLM's metric names for what the mock does, in model
 seconds (``mock_metrics``), so ``ampd profile`` measures a mock as a real engine.
@@ -386,12 +388,14 @@ class MockEngine:
         return rnd
 
     def _submit_prefill(self, request: CompletionRequest, session_id: str, params: dict[str, Any]) -> EngineRound:
-        if params.get("do_remote_decode") is not True:
-            raise RequestError(400, "kv_transfer_params.do_remote_decode: must be true on a prefill engine",
-                               "kv_transfer_params.do_remote_decode")
         if request.max_tokens != 1 or request.stream:
             name = "max_tokens" if request.max_tokens != 1 else "stream"
             raise RequestError(400, f"{name}: a prefill engine takes max_tokens 1, stream false", name)
+        if not params:
+            return self._submit_plain_prefill(request, session_id)
+        if params.get("do_remote_decode") is not True:
+            raise RequestError(400, "kv_transfer_params.do_remote_decode: must be true on a prefill engine",
+                               "kv_transfer_params.do_remote_decode")
         # Without AMPD's keys it is vLLM's plain disaggregated request: no history, and
         # a decode engine like this one on its server.
         hist_tokens = _int_param(params, "ampd_hist_tokens", 0, len(request.prompt) - 1, default=0)
@@ -409,6 +413,15 @@ class MockEngine:
                                   "ampd_prefill_worker": self.spec.worker_id, "ampd_prompt_tokens": rnd.prompt_tokens}
         self.worker.enqueue(task)
         self._log("prefill", rnd)
+        return rnd
+
+    def _submit_plain_prefill(self, request: CompletionRequest, session_id: str) -> EngineRound:
+        """A prefill whose KV goes nowhere: the worker sends it to itself, which takes no time."""
+        spec_key = next(self._ids)
+        self._decode_specs[spec_key] = self.spec
+        rnd, task = self._start(request, session_id, 0, spec_key)
+        self.worker.enqueue(task)
+        self._log("plain prefill", rnd)
         return rnd
 
     def _log(self, path: str, rnd: EngineRound) -> None:

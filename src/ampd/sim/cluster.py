@@ -98,6 +98,10 @@ class SimCluster:
                 raise InputError(f"worker {spec.worker_id} ({spec.role.value}, TP={spec.tp}): the model's weights "
                                  f"do not fit in {spec.tp} GPU(s) with room for KV cache")
         self.workers = [self._make_worker(s, queue_policy, options) for s in specs]
+        self._prefill_by_server: dict[int, list[SimPrefillWorker]] = {}
+        for worker in self.workers:
+            if worker.spec.role is Role.PREFILL:
+                self._prefill_by_server.setdefault(worker.spec.server, []).append(worker)
         self.result = SimResult(sessions=[])
         self._live: dict[str, _Live] = {}
         self._waiting: deque[_Live] = deque()
@@ -109,12 +113,21 @@ class SimCluster:
         if spec.role is Role.DECODE:
             kv = SessionKvCache(self.perf.kv_capacity_tokens(spec.tp), options.kv_retention, options.pin_ttl_s)
             return SimDecodeWorker(spec, self.loop, self.perf, queue_policy, self, options.window_s,
-                                   options.batching, kv, itl_slo_s=options.itl_slo_s)
+                                   options.batching, kv, itl_slo_s=options.itl_slo_s,
+                                   neighbours_busy=lambda: self._prefill_busy_on(spec.server))
         # Read at the prefill worker's TP for both ends: a profile that measured the engines'
         # requests measured one TP, and a deployment with another is refused.
         return SimPrefillWorker(spec, self.loop, self.perf, queue_policy, self, options.window_s,
                                 lambda worker_id: self.specs[worker_id],
                                 self.perf.round_paths_s(spec.tp, spec.tp).after_s)
+
+    def _prefill_busy_on(self, server: int) -> Iterator[tuple[float, float]]:
+        """The prefill engines' work in flight on ``server`` (a host: engines on it share
+        its compute, ``ampd.sim.shared_host``)."""
+        for worker in self._prefill_by_server.get(server, ()):
+            busy = worker.engine_busy_s
+            if busy is not None:
+                yield busy
 
     def run(self, sessions: list[Session], limits: RunLimits | None = None) -> SimResult:
         """Simulate ``sessions``: to completion, or as ``limits`` say (the run ends

@@ -19,6 +19,7 @@ from ampd.policy.reorder import QueuePolicy, apply_order
 from ampd.policy.window import SlidingWindowMean
 from ampd.sim.engine import EventLoop
 from ampd.sim.kv_cache import SessionKvCache
+from ampd.sim.shared_host import stretched_step_s
 from ampd.sim.sink import RoundSink
 
 @dataclass(slots=True)
@@ -61,6 +62,12 @@ class SimDecodeWorker:
     tokens), each sequence's last step is known when it joins (no preemption), and
     its ITLs are read off the worker's ``StepLog`` afterwards (``StepItls``).
 
+    With ``neighbours_busy`` (the prefill engines computing on this worker's host, read
+    at each step's start) and a perf model whose ``decode_step_factor_beside_prefill``
+    exceeds 1, each step is stretched by the overlap (``ampd.sim.shared_host``): engines
+    that share a host's compute slow each other. A local prefill that pauses the batch
+    is not (its slowdown was not measured).
+
     With ``itl_slo_s`` the view reports the batch's smallest ITL slack
     (``WorkerView.min_itl_slack_s``, mean scope), kept in O(log batch) per
     sequence: a sequence that joined at ``join_s`` with slack ``base`` and had its
@@ -74,9 +81,12 @@ class SimDecodeWorker:
                  sink: RoundSink, window_s: float, batching: Batching = Batching(),
                  kv_cache: SessionKvCache | None = None,
                  on_step: Callable[[Iterable[tuple[str, int]]], None] | None = None,
-                 itl_slo_s: float | None = None) -> None:
+                 itl_slo_s: float | None = None,
+                 neighbours_busy: Callable[[], Iterable[tuple[float, float]]] | None = None) -> None:
         self.spec, self.loop, self.perf, self.queue_policy, self.sink = spec, loop, perf, queue_policy, sink
         self.batching, self.on_step = batching, on_step
+        self._step_factor = perf.decode_step_factor_beside_prefill
+        self._neighbours_busy = neighbours_busy if self._step_factor > 1.0 else None
         self.kv = kv_cache or SessionKvCache(perf.kv_capacity_tokens(spec.tp))
         self.queue: list[QueuedTask] = []
         self.itl_window = SlidingWindowMean(window_s)
@@ -225,7 +235,10 @@ class SimDecodeWorker:
     def _start_step(self, step_s: float, chunk: int = 0) -> None:
         self._admit_joining()
         self._last_was_prefill = False
-        self._busy_until_s = self.loop.now_s + step_s
+        now_s = self.loop.now_s
+        if self._neighbours_busy is not None:
+            step_s = stretched_step_s(now_s, step_s, self._neighbours_busy(), self._step_factor)
+        self._busy_until_s = now_s + step_s
         self.loop.at(self._busy_until_s, self._end_step, self._batch_size, chunk)
 
     def _start_mixed_step(self) -> None:

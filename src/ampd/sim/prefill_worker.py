@@ -51,6 +51,7 @@ class SimPrefillWorker:
         self._fetching: QueuedTask | None = None
         self._fetched = False
         self._computing_until_s: float | None = None
+        self._engine_from_s = 0.0
         self._lookahead = not perf.measured_remote_path(spec.tp)
         self._stages: dict[tuple[str, int], RemoteStages] = {}
 
@@ -90,10 +91,22 @@ class SimPrefillWorker:
         self._fetched = True
         self._advance()
 
+    @property
+    def engine_busy_s(self) -> tuple[float, float] | None:
+        """``(from_s, until_s)`` of the prefill engine's own work in the task computing
+        now (the compute stage less a measured export's lead, ``RemoteStages.export_s``),
+        or None when it computes nothing: what slows a decode engine on its host
+        (``ampd.sim.shared_host``)."""
+        if self._computing_until_s is None:
+            return None
+        return self._engine_from_s, self._computing_until_s
+
     def _start_compute(self) -> None:
         head = self._fetching
         self._fetching, self._fetched = None, False
-        self._computing_until_s = self.loop.now_s + head.cost_s
+        now_s = self.loop.now_s
+        self._computing_until_s = now_s + head.cost_s
+        self._engine_from_s = now_s + self._stages[head.task.key].export_s
         self.loop.at(self._computing_until_s, self._end_compute, head.task)
 
     def _end_compute(self, task: PrefillTask) -> None:
