@@ -39,6 +39,9 @@ class StubPerf:
     def measured_remote_path(self, tp: int) -> bool:
         return False
 
+    def remote_export_s(self, hist_tokens: int, prefill: WorkerSpec, decode: WorkerSpec) -> float:
+        return 0.0
+
     def round_paths_s(self, prefill_tp: int | None, decode_tp: int) -> RoundPaths:
         # The paper's stages hold no request's path: a remote round's two requests, a local one's.
         o = self.request_overhead_s

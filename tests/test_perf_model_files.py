@@ -67,14 +67,17 @@ def test_a_measured_remote_path_replaces_the_papers_read_prefill_and_send():
     paper = _from(hand_model())
     # The paper's stages: KV read of the history, T_pre, KV send of the new tokens.
     assert paper.remote_stages_s(1000, 100, P0, D1) == pytest.approx(
-        (0.001 + 0.131072, 0.01 + 0.01, 0.001 + 0.0131072, 0.0))  # all of T_pre on the prefill engine
+        (0.001 + 0.131072, 0.01 + 0.01, 0.001 + 0.0131072))
+    assert paper.remote_export_s(1000, P0, D1) == 0.0  # all of T_pre on the prefill engine
     measured = _from({**hand_model(), "remote_path": REMOTE_PATH})
     # Nothing read ahead; on the prefill worker the export request (5 ms serving path + 20 ms
     # + 1 ms) then the prefill engine's request (30 + 20 + 10 ms, and its 5 ms path); the join
     # (25 + 1 ms, and its 5 ms path). Each path is the plain request's: none was timed. The
     # export leads the compute stage, on the decode engine.
-    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.026 + 0.065, 0.031, 0.026))
-    assert measured.remote_stages_s(0, 100, P0, D1) == pytest.approx((0.0, 0.055, 0.031, 0.0))  # no history, no export
+    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.026 + 0.065, 0.031))
+    assert measured.remote_export_s(1000, P0, D1) == pytest.approx(0.026)
+    assert measured.remote_stages_s(0, 100, P0, D1) == pytest.approx((0.0, 0.055, 0.031))  # no history, no export
+    assert measured.remote_export_s(0, P0, D1) == 0.0
     # Its stages hold every request's path, so the round adds none; the paper's stages hold
     # none, so its round adds the prefill request's before the queue and the join's after the
     # send; a local round, its one request's.
@@ -95,7 +98,8 @@ def test_a_remote_paths_own_serving_paths_replace_the_plain_requests_in_its_stag
     measured = _from({**hand_model(), "remote_path": timed})
     # compute: export 7 + 20 + 1 ms, prefill request 30 + 20 + 10 ms and its 12 ms; send: the
     # join 25 + 1 ms and its 3 ms.
-    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.028 + 0.06 + 0.012, 0.026 + 0.003, 0.028))
+    assert measured.remote_stages_s(1000, 100, P0, D1) == pytest.approx((0.0, 0.028 + 0.06 + 0.012, 0.026 + 0.003))
+    assert measured.remote_export_s(1000, P0, D1) == pytest.approx(0.028)
     assert measured.remote_request_paths_s(1) == (0.007, 0.012, 0.003)
     # Without them (an older profile) each is the plain request's.
     assert _from({**hand_model(), "remote_path": REMOTE_PATH}).remote_request_paths_s(1) == (0.005,) * 3

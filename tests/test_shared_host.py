@@ -24,6 +24,7 @@ from stub_perf import StubPerf
     (0.0, [(0.0, 0.004), (0.006, 0.008)], 0.023),  # 0.002 + 0.002 + 0.001 done in 0.008 s, 0.015 left
     (0.5, [(0.0, 0.5)], 0.02),            # ended when the step starts
     (0.0, [(0.03, 1.0)], 0.02),           # starts after the step would end
+    (0.0, [(0.01, 0.005)], 0.02),         # empty (ends before it starts): none
 ])
 def test_a_step_runs_at_half_speed_while_a_neighbour_computes(start_s, busy, expected_s):
     assert stretched_step_s(start_s, 0.02, busy, 2.0) == pytest.approx(expected_s)
@@ -31,18 +32,20 @@ def test_a_step_runs_at_half_speed_while_a_neighbour_computes(start_s, busy, exp
 
 class SharedHostStub(StubPerf):
     """``StubPerf`` whose decode steps take twice as long beside a computing prefill engine,
-    and whose remote compute stage of a 1,000-token prefill (b's below) starts with
-    ``export_s`` on the decode engine."""
+    and whose second remote compute stage to start (b's below) begins with ``export_s`` on
+    the decode engine."""
 
     decode_step_factor_beside_prefill = 2.0
 
     def __init__(self, export_s: float = 0.0) -> None:
         super().__init__()
-        self.export_s = export_s
+        self.export_s, self._exports = export_s, 0
 
-    def remote_stages_s(self, hist_tokens, new_tokens, prefill, decode):
-        stages = super().remote_stages_s(hist_tokens, new_tokens, prefill, decode)
-        return stages._replace(export_s=self.export_s) if new_tokens == 1000 else stages
+    def remote_export_s(self, hist_tokens, prefill, decode):
+        # Asked as each compute stage starts: a's first, b's second (neither has history to
+        # tell them apart by).
+        self._exports += 1
+        return self.export_s if self._exports == 2 else 0.0
 
 
 def _itls(perf, gpus_per_server: int = 8) -> list[float]:
@@ -94,6 +97,11 @@ def test_a_slowdown_every_busy_run_shows_is_the_ratio_of_the_medians():
 ])
 def test_a_slowdown_within_the_runs_own_scatter_is_no_slowdown(points):
     assert decode_step_factor(points)["decode_step_factor"] == 1.0
+
+
+def test_an_idle_step_of_0_s_is_a_counter_that_did_not_move():
+    with pytest.raises(ProbeError, match="did not move"):
+        decode_step_factor([_point(0.0, 0.005)])
 
 
 def test_a_stalled_engine_is_refused_not_read_as_a_neighbour():

@@ -18,16 +18,14 @@ class RemoteStages(NamedTuple):
         compute_s: the time the task holds the prefill worker.
         send_s: from the compute's end to the decode engine's first token, less what
             ``PerfModel.round_paths_s`` adds after it.
-        export_s: the leading part of ``compute_s`` spent on the decode engine (a
-            measured remote round's history export), while the prefill engine is
-            idle; the rest of ``compute_s`` is the prefill engine's own work (what
-            slows a decode engine that shares its host, ``SharedHost``).
+
+    The three add up to the task's time (callers ``sum`` them): what else is known of a
+    stage lives outside the tuple (``PerfModel.remote_export_s``).
     """
 
     read_s: float
     compute_s: float
     send_s: float
-    export_s: float = 0.0
 
 
 class RoundPaths(NamedTuple):
@@ -103,6 +101,13 @@ class PerfModel(Protocol):
         """The serving path of each of a remote round's engine requests (export, prefill,
         join) at TP ``tp``, seconds: as a profile timed them, else each
         ``request_overhead_s``."""
+
+    def remote_export_s(self, hist_tokens: int, prefill: WorkerSpec, decode: WorkerSpec) -> float:
+        """The leading part of ``remote_stages_s(...).compute_s`` spent on the decode engine
+        (a measured remote round's history export, with its serving path), while the
+        prefill engine is idle; 0 on the paper's stages, whose compute is all the prefill
+        engine's. What is left of the compute stage is the prefill engine's own work (what
+        slows a decode engine on its host, ``decode_step_factor_beside_prefill``)."""
 
     @property
     def decode_step_factor_beside_prefill(self) -> float:

@@ -160,9 +160,16 @@ class AlphaBetaPerfModel:
             return paper_remote_stages(self, hist_tokens, new_tokens, prefill, decode)
         path = self.measured.remote_path[prefill.tp]
         paths = self.remote_request_paths_s(prefill.tp)
-        export_s = paths.export + path.export(hist_tokens) if hist_tokens > 0 else 0.0
-        return RemoteStages(0.0, export_s + path.prefill(hist_tokens, new_tokens) + paths.prefill,
-                            path.join(new_tokens) + paths.join, export_s)
+        return RemoteStages(0.0, self.remote_export_s(hist_tokens, prefill, decode)
+                            + path.prefill(hist_tokens, new_tokens) + paths.prefill, path.join(new_tokens) + paths.join)
+
+    def remote_export_s(self, hist_tokens: int, prefill: WorkerSpec, decode: WorkerSpec) -> float:
+        """The history export that leads a measured remote round's compute stage: its
+        request and its serving path; none without history, and 0 on the paper's stages
+        (``PerfModel.remote_export_s``)."""
+        if hist_tokens <= 0 or not self.reads_measured_requests(prefill.tp, decode.tp):
+            return 0.0
+        return self.remote_request_paths_s(prefill.tp).export + self.measured.remote_path[prefill.tp].export(hist_tokens)
 
     def round_paths_s(self, prefill_tp: int | None, decode_tp: int) -> RoundPaths:
         """A round's serving time outside what its stages hold (``RoundPaths``): a local

@@ -76,6 +76,9 @@ class ProbedEngine:
             reply = await self.client.post(f"{self.url}/v1/completions", headers={"X-Session-Id": session},
                                            json=self._body(prompt, max_tokens, False, kv_transfer_params),
                                            timeout=self.request_timeout_s)
+        except httpx.TimeoutException:
+            raise ProbeError(f"{self.url}/v1/completions: no reply within {self.request_timeout_s:g} s: the engine "
+                             f"stalled or stopped answering") from None
         except httpx.HTTPError as exc:
             raise ProbeError(f"{self.url}/v1/completions: {exc!r}") from None
         if reply.status_code != 200:
@@ -103,6 +106,9 @@ class ProbedEngine:
                     received += _chunk_tokens(line)
                     if reached is not None and received >= reach_tokens:
                         reached.set()
+        except httpx.TimeoutException:
+            raise ProbeError(f"{self.url}/v1/completions (stream): no token within {self.request_timeout_s:g} s: the "
+                             f"engine stalled or stopped answering") from None
         except httpx.HTTPError as exc:
             raise ProbeError(f"{self.url}/v1/completions (stream): {exc!r}") from None
         if received < max_tokens:

@@ -73,9 +73,11 @@ class FitResult:
     repeat_spread: float | None = None
 
     def report(self) -> dict:
-        """JSON-ready facts of the fit."""
+        """JSON-ready facts of the fit; a held-out MAPE over no points (too few to hold
+        one out) is null, since JSON has no NaN."""
+        held_out = None if math.isnan(self.held_out_mape) else self.held_out_mape
         return {"breakpoints": list(self.breakpoints), "train_mape": self.train_mape,
-                "held_out_mape": self.held_out_mape, "num_train": self.num_train,
+                "held_out_mape": held_out, "num_train": self.num_train,
                 "num_held_out": self.num_held_out, "repeat_spread": self.repeat_spread}
 
 

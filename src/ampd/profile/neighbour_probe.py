@@ -103,13 +103,16 @@ def decode_step_factor(points: list[NeighbourPoint]) -> dict[str, Any]:
         "busy_step_s", "neighbour_prefills"}`` (the lists in run order).
 
     Raises:
-        ProbeError: no points, or a factor above ``MAX_DECODE_STEP_FACTOR`` (a stalled
-            engine, not a neighbour).
+        ProbeError: no points, an idle step of 0 s (a counter that did not move), or a
+            factor above ``MAX_DECODE_STEP_FACTOR`` (a stalled engine, not a neighbour).
     """
     if not points:
         raise ProbeError("shared host: no neighbour probes to read a factor from")
     idle = [p.idle_step_s for p in points]
     busy = [p.busy_step_s for p in points]
+    if not statistics.median(idle) > 0:
+        raise ProbeError(f"shared host: the idle decode batches' median step is {statistics.median(idle)} s: the "
+                         f"decode engine's vllm:request_decode_time_seconds did not move")
     ratio = statistics.median(busy) / statistics.median(idle)
     if ratio > MAX_DECODE_STEP_FACTOR:
         raise ProbeError(f"shared host: decode steps {ratio:.1f} times as long beside a computing prefill engine "

@@ -83,7 +83,7 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
                             fits["remote_paths_s"])},
                         shared_host=None if shared is None else SharedHost(shared["decode_step_factor"]))
     held_out = {name: report[name]["held_out_mape"] for name in ("prefill", "decode", "kv") if name in report}
-    held_out.update({f"remote_{name}": fit.held_out_mape for name, fit in (remote or {}).items()})
+    held_out.update({f"remote_{name}": fit.report()["held_out_mape"] for name, fit in (remote or {}).items()})
     perf = AlphaBetaPerfModel(model, gpu, default_topology(gpu), {tp: fits["prefill"].cost}, {tp: fits["decode"].cost},
                               {"source": "ampd profile", "held_out_mape": held_out}, measured)
     return {
@@ -98,8 +98,13 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
 
 
 def write(document: dict[str, Any], path: str | Path) -> Path:
-    """Write ``document`` as JSON to ``path`` (its folder created); the path."""
+    """Write ``document`` as JSON to ``path`` (its folder created); the path.
+
+    Raises:
+        ValueError: a NaN or infinity in ``document`` (standard JSON has none, and other
+            tools would refuse the file).
+    """
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=1))
+    out.write_text(json.dumps(document, indent=1, allow_nan=False))
     return out

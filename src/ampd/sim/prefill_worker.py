@@ -94,7 +94,7 @@ class SimPrefillWorker:
     @property
     def engine_busy_s(self) -> tuple[float, float] | None:
         """``(from_s, until_s)`` of the prefill engine's own work in the task computing
-        now (the compute stage less a measured export's lead, ``RemoteStages.export_s``),
+        now (the compute stage less a measured export's lead, ``perf.remote_export_s``),
         or None when it computes nothing: what slows a decode engine on its host
         (``ampd.sim.shared_host``)."""
         if self._computing_until_s is None:
@@ -106,7 +106,9 @@ class SimPrefillWorker:
         self._fetching, self._fetched = None, False
         now_s = self.loop.now_s
         self._computing_until_s = now_s + head.cost_s
-        self._engine_from_s = now_s + self._stages[head.task.key].export_s
+        task = head.task
+        self._engine_from_s = now_s + self.perf.remote_export_s(task.hist_tokens, self.spec,
+                                                                 self.decode_spec(task.decode_worker))
         self.loop.at(self._computing_until_s, self._end_compute, head.task)
 
     def _end_compute(self, task: PrefillTask) -> None:

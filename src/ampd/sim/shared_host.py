@@ -19,7 +19,7 @@ def stretched_step_s(start_s: float, work_s: float, busy_s: Iterable[tuple[float
         work_s: the step's time with the neighbours idle, seconds (>= 0).
         busy_s: ``(from_s, until_s)`` intervals the neighbours compute, known at the
             step's start (work they start later is not foreseen), in any order,
-            overlapping or not.
+            overlapping or not; an empty one (``until_s <= from_s``) is none.
         factor: ``SharedHost.decode_step_factor`` (>= 1).
 
     Returns:
@@ -28,7 +28,7 @@ def stretched_step_s(start_s: float, work_s: float, busy_s: Iterable[tuple[float
     """
     now_s, left_s = start_s, work_s
     for from_s, until_s in sorted(busy_s):
-        if until_s <= now_s:
+        if until_s <= max(now_s, from_s):  # over already, or empty
             continue
         quiet_s = from_s - now_s
         if quiet_s > 0:
