@@ -257,12 +257,18 @@ def _object(field: str, value: object, keys: set[str]) -> dict:
     return value
 
 
+def _number(value: object) -> float:
+    """A JSON number as a float: NaN for anything else (JSON's true included), infinity for
+    an integer past a float's range; the callers' range checks refuse both."""
+    try:
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:
+        return math.inf
+
+
 def _seconds(field: str, value: object) -> float:
     """A finite number >= 0 (a time or a time per byte cannot be negative)."""
-    try:
-        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
-    except OverflowError:  # an integer past a float's range
-        number = math.inf
+    number = _number(value)
     if not math.isfinite(number) or number < 0:
         raise InputError(f"{field}: expected a finite number >= 0, got {_shown(value)}")
     return number + 0.0  # -0.0 is written back as 0
@@ -397,10 +403,7 @@ def _shared_host(value: object) -> SharedHost | None:
     if "decode_step_factor" not in data:
         raise InputError("shared_host: missing 'decode_step_factor'")
     factor = data["decode_step_factor"]
-    try:
-        number = float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else math.nan
-    except OverflowError:  # an integer past a float's range
-        number = math.inf
+    number = _number(factor)
     if not 1.0 <= number <= MAX_DECODE_STEP_FACTOR:  # NaN fails too
         raise InputError(f"shared_host.decode_step_factor: expected a number from 1 to {MAX_DECODE_STEP_FACTOR:g} "
                          f"(how many times longer a decode step takes beside a computing prefill engine), "
