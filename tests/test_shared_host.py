@@ -107,3 +107,28 @@ def test_an_idle_step_of_0_s_is_a_counter_that_did_not_move():
 def test_a_stalled_engine_is_refused_not_read_as_a_neighbour():
     with pytest.raises(ProbeError, match="stalled engine"):
         decode_step_factor([_point(0.005, 0.06)])
+
+
+def test_a_task_given_its_own_stages_is_timed_by_them_and_counts_all_of_its_compute_as_the_engines():
+    # The mock engine's plain prefill: 0.3 s of compute, no read, no send, whatever the perf model
+    # would make of a remote round of that size (StubPerf: 1 ms a token, 10 us a token each way).
+    from ampd.core.deployment import Role, WorkerSpec
+    from ampd.core.task import PrefillTask
+    from ampd.perf.interface import RemoteStages
+    from ampd.sim.engine import EventLoop
+    from ampd.sim.prefill_worker import SimPrefillWorker
+
+    class Sink:
+        first_token_s = None
+
+        def first_token(self, task, worker_id, local):
+            Sink.first_token_s = loop.now_s
+
+    loop, spec = EventLoop(), WorkerSpec(0, Role.PREFILL, 1, 0)
+    worker = SimPrefillWorker(spec, loop, StubPerf(), Fcfs(), Sink(), 10.0, lambda _: spec)
+    worker.enqueue(PrefillTask("s", 0, 0, 1000, 0.0, 0), RemoteStages(0.0, 0.3, 0.0))
+    seen = []
+    loop.at(0.1, lambda: seen.append(worker.engine_busy_s))
+    loop.run(10.0)
+    assert seen == [(0.0, 0.3)]  # all of the compute is the prefill engine's
+    assert Sink.first_token_s == pytest.approx(0.3)  # a remote round of 1,000 tokens would take 1.01 s

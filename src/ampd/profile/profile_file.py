@@ -83,7 +83,7 @@ def profile_document(points: Measurements, fingerprints: dict[str, Any], fits: d
                             fits["remote_paths_s"])},
                         shared_host=None if shared is None else SharedHost(shared["decode_step_factor"]))
     held_out = {name: report[name]["held_out_mape"] for name in ("prefill", "decode", "kv") if name in report}
-    held_out.update({f"remote_{name}": fit.report()["held_out_mape"] for name, fit in (remote or {}).items()})
+    held_out.update({f"remote_{name}": fit["held_out_mape"] for name, fit in report.get("remote", {}).items()})
     perf = AlphaBetaPerfModel(model, gpu, default_topology(gpu), {tp: fits["prefill"].cost}, {tp: fits["decode"].cost},
                               {"source": "ampd profile", "held_out_mape": held_out}, measured)
     return {

@@ -61,7 +61,7 @@ from ampd.core.session import MAX_TOKENS
 from ampd.core.task import PrefillTask
 from ampd.experiment import perf_model_for, require_tp
 from ampd.metrics.records import ItlSeries
-from ampd.perf.interface import PerfModel
+from ampd.perf.interface import PerfModel, RemoteStages
 from ampd.policy.batching import BATCHING_MODES, Batching
 from ampd.policy.reorder import Fcfs
 from ampd.serve.clock import ScaledClock
@@ -416,11 +416,12 @@ class MockEngine:
         return rnd
 
     def _submit_plain_prefill(self, request: CompletionRequest, session_id: str) -> EngineRound:
-        """A prefill whose KV goes nowhere: the worker sends it to itself, which takes no time."""
+        """A prefill whose KV goes nowhere: ``T_pre`` of the prompt, no read, no send (not a
+        remote round's stages, which a measured remote path would time as three requests)."""
         spec_key = next(self._ids)
         self._decode_specs[spec_key] = self.spec
         rnd, task = self._start(request, session_id, 0, spec_key)
-        self.worker.enqueue(task)
+        self.worker.enqueue(task, RemoteStages(0.0, self.perf.prefill_s(0, task.new_tokens, self.spec.tp), 0.0))
         self._log("plain prefill", rnd)
         return rnd
 

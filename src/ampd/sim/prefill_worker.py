@@ -53,13 +53,20 @@ class SimPrefillWorker:
         self._computing_until_s: float | None = None
         self._engine_from_s = 0.0
         self._lookahead = not perf.measured_remote_path(spec.tp)
-        self._stages: dict[tuple[str, int], RemoteStages] = {}
+        self._stages: dict[tuple[str, int], tuple[RemoteStages, float]] = {}  # and the export's lead
 
-    def enqueue(self, task: PrefillTask) -> None:
-        """Queue a prefill routed here (remote execution)."""
-        stages = self.perf.remote_stages_s(task.hist_tokens, task.new_tokens, self.spec,
-                                           self.decode_spec(task.decode_worker))
-        self._stages[task.key] = stages
+    def enqueue(self, task: PrefillTask, stages: RemoteStages | None = None) -> None:
+        """Queue a prefill routed here (remote execution), timed by ``perf.remote_stages_s``
+        (its compute led by ``perf.remote_export_s`` on the decode engine), or by
+        ``stages`` when given: a task that is no remote round, whose compute is all this
+        engine's (the mock engine's plain prefill)."""
+        if stages is None:
+            decode = self.decode_spec(task.decode_worker)
+            stages = self.perf.remote_stages_s(task.hist_tokens, task.new_tokens, self.spec, decode)
+            export_s = self.perf.remote_export_s(task.hist_tokens, self.spec, decode)
+        else:
+            export_s = 0.0
+        self._stages[task.key] = (stages, export_s)
         self.queue.append(QueuedTask(task, self.loop.now_s, stages.compute_s))
         self._advance()
 
@@ -85,7 +92,7 @@ class SimPrefillWorker:
         self.queue = apply_order(self.queue, decision)
         self._fetching, self._fetched = self.queue.pop(0), False
         task = self._fetching.task
-        self.loop.after(self._stages[task.key].read_s, self._end_read)
+        self.loop.after(self._stages[task.key][0].read_s, self._end_read)
 
     def _end_read(self) -> None:
         self._fetched = True
@@ -106,14 +113,12 @@ class SimPrefillWorker:
         self._fetching, self._fetched = None, False
         now_s = self.loop.now_s
         self._computing_until_s = now_s + head.cost_s
-        task = head.task
-        self._engine_from_s = now_s + self.perf.remote_export_s(task.hist_tokens, self.spec,
-                                                                 self.decode_spec(task.decode_worker))
+        self._engine_from_s = now_s + self._stages[head.task.key][1]
         self.loop.at(self._computing_until_s, self._end_compute, head.task)
 
     def _end_compute(self, task: PrefillTask) -> None:
         self._computing_until_s = None
-        self.loop.after(self._stages.pop(task.key).send_s + self.after_s, self._deliver, task)
+        self.loop.after(self._stages.pop(task.key)[0].send_s + self.after_s, self._deliver, task)
         self._advance()
 
     def _deliver(self, task: PrefillTask) -> None:
