@@ -120,19 +120,22 @@ def test_bad_counts_are_refused_by_the_parser(tmp_path, capsys):
     assert "expected a positive integer" in capsys.readouterr().err
 
 
-def test_mixed_degrees_adds_two_degree_decode_sides(tmp_path, capsys):
-    # Qwen3-32B on 12 GPUs: with the flag, a TP=4 and a TP=2 decode replica beside three TP=2
-    # prefill replicas (the 2 GPUs no second TP=4 replica would use) rank first; without it the
-    # same plans but that one, in the same order.
+def test_mixed_degrees_adds_two_degree_sides(tmp_path, capsys):
+    # Qwen3-32B on 12 GPUs: with the flag, a TP=4 and a TP=2 decode replica (the 2 GPUs no
+    # second TP=4 replica would use) bind Z in the top three; the first puts a TP=4 and a
+    # TP=2 prefill replica beside them, the second three TP=2 ones. Without it, no plan mixes.
     argv = ["--model", "Qwen3-32B", "--gpus", "12", "--workload", "hotpotqa", "--num-sessions", "60", "--rate", "2.25",
             "--system", "ampd"]
     _run(argv + ["--out", str(tmp_path / "mixed"), "--mixed-degrees"])
     _run(argv + ["--out", str(tmp_path / "one")])
     mixed, one = (_plans(tmp_path / d) for d in ("mixed", "one"))
     names = [p["deployment"] for p in mixed["plans"]]
-    assert names[0] == "P:<TP=2,DP=3> D:<TP=4,DP=1>+<TP=2,DP=1>" and mixed["plans"][0]["num_gpus"] == 12
-    assert mixed["plans"][0]["decode"]["extra"] == ["<TP=2,DP=1>"] and mixed["config"]["planner"]["mixed_degrees"]
-    assert [p["deployment"] for p in one["plans"]][:2] == names[1:]
+    assert names[:2] == ["P:<TP=4,DP=1>+<TP=2,DP=1> D:<TP=4,DP=1>+<TP=2,DP=1>",
+                         "P:<TP=2,DP=3> D:<TP=4,DP=1>+<TP=2,DP=1>"]
+    best = mixed["plans"][0]
+    assert best["num_gpus"] == 12 and best["prefill"]["extra"] == best["decode"]["extra"] == ["<TP=2,DP=1>"]
+    assert best["prefill"]["tau"] < mixed["plans"][1]["prefill"]["tau"] and mixed["config"]["planner"]["mixed_degrees"]
+    assert not any("+" in p["deployment"] for p in one["plans"])
     assert names[0] in capsys.readouterr().out
     # --no-mixed-degrees turns off what a configuration file turned on
     config = tmp_path / "mixed.toml"

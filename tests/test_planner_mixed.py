@@ -1,6 +1,7 @@
-"""Mixed TP degrees on the decode side (docs/PLANNER.md, "Mixed degrees"): a cell worked
-out by hand, the ILP against exhaustive enumeration, and the model against the
-simulator, whose binder splits sessions by free share of KV capacity."""
+"""Mixed TP degrees (docs/PLANNER.md, "Mixed degrees"): a decode cell and a prefill
+queue of two degrees worked out by hand, the ILP against exhaustive enumeration, and
+the decode model against the simulator, whose binder splits sessions by free share of
+KV capacity."""
 
 import collections
 
@@ -14,11 +15,14 @@ from ampd.experiment import measure_for, perf_model_for, sessions_for, simulate
 from ampd.perf import build_perf_model
 from ampd.planner import enumerate_plans, estimate_tau, top_plans
 from ampd.planner.decode_tau import decode_replica, mixed_decode_cells
+from ampd.planner.prefill_tau import mixed_prefill_cells
+from ampd.planner.queueing import PrefillChains, ServerGroup, fcfs_ttft_s
 from ampd.planner.stream import build_stream
 from ampd.policy.routing import SloThresholds
 from ampd.slo_rule import derive_slo
 from ampd.sweep import resolve_measure, resolve_slo
 from ampd.workload import generate
+from queue_runs import listed
 from stub_perf import StubPerf
 from test_planner_validation import _simulated_p95
 
@@ -53,6 +57,47 @@ def test_mixed_degrees_must_be_a_bool():
     sessions = [Session("s0", 0.0, (Round(100, 51),))]
     with pytest.raises(InputError, match="mixed_degrees must be True or False, got 'no'"):
         estimate_tau(sessions, StubPerf(), SloThresholds(1.0, 0.05), 4, mixed_degrees="no")
+
+
+def test_a_prefill_queue_of_two_degrees_by_hand():
+    # A replica computing each task in 1 s beside one computing it in 2 s; tasks ready at 0, 0.5, 0.6.
+    chains = PrefillChains([0.0, 0.5, 0.6], [0.0] * 3, [1.0] * 3, [0.0] * 3, [True] * 3, [0.0] * 3, [-1] * 3)
+    slow = (ServerGroup(1, np.zeros(3), np.full(3, 2.0), np.zeros(3)),)
+    # Least queued work (plain PD disaggregation): task 0 finds both idle and takes the
+    # chains' own replica (lowest id), 0-1; task 1 finds it 0.5 s from free and the slow
+    # one idle: 0.5-2.5, TTFT 2; task 2: 0.4 s queued against 1.9: the fast one, 1-2, TTFT 1.4.
+    assert listed(fcfs_ttft_s(chains, 1, beside=slow)) == ([1.0, 2.0, 1.4], True, [False] * 3)
+    # Smallest predicted TTFT (the router model, nothing local below 10 s): task 1 predicts
+    # 0.5 + 1 on the fast replica against 2 on the slow one: 1-2, TTFT 1.5; task 2 predicts
+    # 1.4 + 1 against 2: the slow one, 0.6-2.6, TTFT 2.
+    assert listed(fcfs_ttft_s(chains, 1, 10.0, slow)) == ([1.0, 1.5, 2.0], True, [False] * 3)
+
+
+class FasterWithDegree(StubPerf):
+    """``StubPerf`` whose prefill takes 1 ms per new token over the degree."""
+
+    def prefill_s(self, hist_tokens: int, new_tokens: int, tp: int) -> float:
+        return 0.001 * new_tokens / tp
+
+
+def test_mixed_prefill_cells_by_hand():
+    # 1000-token prompts ready at 0, 0.3 and 3 s: 1 s at TP=1, 0.5 s at TP=2, 0.25 s at TP=4,
+    # 10 ms back. Degrees 1, 2, 4 on 7 GPUs: TP=2 x k beside one TP=1 (k <= 3); TP=4 beside
+    # 1, 2 or 3 TP=1 and beside one TP=2 (k = 1 each).
+    stream = build_stream([Session(f"s{i}", t, (Round(1000, 2),)) for i, t in enumerate((0.0, 0.3, 3.0))], 0.05, 0.0)
+    cells = mixed_prefill_cells(stream, FasterWithDegree(), (1, 2, 4), 7, 1.0, False, "strict")
+    assert [c.label for c in cells] == ["P:<TP=2,DP=1>+<TP=1,DP=1>", "P:<TP=2,DP=2>+<TP=1,DP=1>",
+                                        "P:<TP=2,DP=3>+<TP=1,DP=1>", "P:<TP=4,DP=1>+<TP=1,DP=1>",
+                                        "P:<TP=4,DP=1>+<TP=1,DP=2>", "P:<TP=4,DP=1>+<TP=1,DP=3>",
+                                        "P:<TP=4,DP=1>+<TP=2,DP=1>"]
+    # <TP=2,DP=1>+<TP=1,DP=1>, least queued work: task 0 on TP=2, 0-0.5; task 1 finds it
+    # 0.2 s from free and TP=1 idle: 0.3-1.3; task 2 finds both idle: TP=2, 3-3.5. TTFTs 0.51,
+    # 1.01, 0.51; P95 between the 2nd and 3rd smallest: 0.51 + 0.9 x 0.5 = 0.96.
+    assert cells[0].p95_s == pytest.approx(0.96) and cells[0].gpus == 3
+    # two TP=2 replicas: nobody waits, and a third copies the second
+    assert cells[1].p95_s == pytest.approx(0.51) and cells[2].p95_s == cells[1].p95_s
+    # TP=4 frees every task's replica before the next: 0.26 s each, the TP=1 replica idle
+    assert all(c.p95_s == pytest.approx(0.26) for c in cells[3:])
 
 
 def _mixed_table(model, workload, rate_per_8, num_gpus, per_server=8):
@@ -91,7 +136,9 @@ def test_mixed_plans_match_the_simulator_and_its_binder_splits_by_capacity():
     sessions = sessions_for(config, plan)
     table = estimate_tau(sessions, perf, SloThresholds(config.slo.ttft_s, config.slo.itl_s), 12, 8, 0.0, "mean",
                          window_s=(plan.warmup_s, plan.warmup_s + plan.window_s), mixed_degrees=True)
-    mixed = [p for p in enumerate_plans(table) if p.decode.extra and p.objective <= 1.0]
+    # decode mixtures beside one prefill degree: prefill mixtures are not validated here yet
+    # (docs/PLANNER.md, "Mixed degrees")
+    mixed = [p for p in enumerate_plans(table) if p.decode.extra and not p.prefill.extra and p.objective <= 1.0]
     assert len(mixed) >= 5
     for p in mixed:
         out = simulate(override(config, cluster={"deployment": str(p.deployment)}), sessions)

@@ -8,7 +8,7 @@ import pytest
 from ampd.core import Deployment, Round, Session
 from ampd.core.task import PrefillTask
 from ampd.perf.interface import RemoteStages
-from ampd.planner.prefill_tau import _chains
+from ampd.planner.prefill_tau import prefill_chains
 from ampd.planner.queueing import fcfs_ttft_s
 from ampd.planner.stream import build_stream
 from ampd.policy.reorder import Fcfs
@@ -155,7 +155,7 @@ def test_a_measured_remote_path_times_the_round_by_its_engine_requests():
     # The planner's queue times the same rounds alike (two such sessions 100 s apart).
     stream = build_stream([_measured_session("a", 0.0), _measured_session("b", 100.0)], itl_s=0.02,
                           local_share=0.0)
-    chains = _chains(stream, MeasuredPathStub(), 1, cross_server=False)
+    chains = prefill_chains(stream, MeasuredPathStub(), 1, cross_server=False)
     assert fcfs_ttft_s(chains, 1).ttft_s.tolist() == pytest.approx([0.34, 0.37, 0.34, 0.37])
     # Run on their decode replica the same rounds make no remote requests: the request's path
     # and T_pre (1 ms per new token): 1.05 and 0.55 s.

@@ -261,9 +261,10 @@ class PlannerConfig(_Strict):
         "attainment", description="what the refined top-k are ranked by: SLO attainment at the run's rate, or "
                                   "capacity (plans drawn at the planner's knee, each one's capacity searched over "
                                   "rates: a run per rate tried)")
-    mixed_degrees: bool = Field(False, description="also plan decode sides of two TP degrees: k replicas of "
-                                                   "degree b beside fewer than b/a of a smaller degree a, "
-                                                   "sessions split in proportion to KV capacity")
+    mixed_degrees: bool = Field(False, description="also plan decode and prefill sides of two TP degrees: k "
+                                                   "replicas of degree b beside fewer than b/a of a smaller degree "
+                                                   "a (decode: sessions split in proportion to KV capacity; "
+                                                   "prefill: one queue, each task to the group the router picks)")
 
 
 class EngineWorker(_Strict):

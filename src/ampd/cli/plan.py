@@ -184,7 +184,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"adaptive systems, 0 for the others; {AMPD_LOCAL_SHARE} was the planner's fixed AMPD share)")
     p.add_argument("--solver", choices=SOLVERS, default="scip", help="ILP solver (default: scip)")
     p.add_argument("--mixed-degrees", action=argparse.BooleanOptionalAction,
-                   help="also plan decode sides of two TP degrees (default: the configuration's [planner] "
+                   help="also plan decode and prefill sides of two TP degrees (default: the configuration's [planner] "
                         "mixed_degrees, off)")
     p.add_argument("--simulate", action="store_true", help="simulate the top-k and a sample of other plans")
     p.add_argument("--sample", type=non_negative_int, default=5, help="other feasible plans --simulate runs (default: 5)")

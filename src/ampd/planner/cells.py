@@ -17,10 +17,12 @@ class TauCell:
     Attributes:
         role: prefill (TTFT side) or decode (ITL side).
         tp, dp: the degree n and the count k (of the main group, when mixed).
-        extra: further groups of the role sharing its load (mixed degrees, decode side
-            only: ``decode_tau.mixed_decode_cells``); empty for one degree.
+        extra: further groups of the role sharing its load (mixed degrees:
+            ``decode_tau.mixed_decode_cells``, ``prefill_tau.mixed_prefill_cells``);
+            empty for one degree.
         p95_s: P95 TTFT of the remote prefills (prefill) or P95 ITL (decode), seconds,
-            the worst group's when mixed; None when the cell is overloaded.
+            the worst group's for a mixed decode side (a mixed prefill side's tasks share
+            one queue: their P95); None when the cell is overloaded.
         threshold_s: the SLO threshold ``p95_s`` is normalised by.
         kv_tokens: P95 KV tokens one decode replica of ``tp`` GPUs holds (0 for prefill
             replicas, which only need the weights to fit); mixed: the main group's

@@ -30,7 +30,7 @@ gets 1/k of everything):
   (the prefill pauses spread over its tokens);
 - KV: P95 of the KV all sessions hold at that pace, over k.
 
-Mixed degrees ([our choice], decode side only; docs/PLANNER.md, "Mixed degrees"): k
+Mixed degrees ([our choice], decode side; the prefill side: ``prefill_tau``; docs/PLANNER.md): k
 replicas of degree b beside j < b / a replicas of a smaller degree a, the remainder of
 GPUs that make no further replica of degree b. The binder (``MostFreeKvBinder``) ranks
 replicas by free share of their KV capacity, so sessions split in proportion to

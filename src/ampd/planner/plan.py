@@ -26,7 +26,7 @@ def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThres
     """The ``top_k`` best deployments of ``num_gpus`` GPUs for ``sessions``, best first.
 
     Each plan runs k prefill replicas of one degree and k' decode replicas of one
-    degree (degrees 1, 2, 4, 8 within a server; with ``mixed_degrees``, the decode side
+    degree (degrees 1, 2, 4, 8 within a server; with ``mixed_degrees``, either side
     may add replicas of a smaller degree) and minimises Z, the worse of the
     normalised P95 TTFT (prefill side) and P95 ITL (decode side); see ``ilp`` for the
     ILP and ``Plan.order_key`` for ties. At least one prefill replica: decode-only
@@ -53,7 +53,7 @@ def plan_deployments(sessions: Sequence[Session], perf: PerfModel, slo: SloThres
             prefill slack (``codesign``): each plan's decode side carries the local
             prefills its prefill side makes the router send there; ``local_share`` is
             then unused.
-        mixed_degrees: also plans whose decode side mixes two degrees (``decode_tau``,
+        mixed_degrees: also plans whose sides mix two degrees (``decode_tau``, ``prefill_tau``,
             "Mixed degrees": k replicas of degree b beside j < b / a of degree a).
 
     Raises:

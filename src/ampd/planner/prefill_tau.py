@@ -1,17 +1,19 @@
 """tau_pre(n, k): P95 TTFT of the remote prefills when k prefill replicas of degree
-n share the nominal stream (AMPD.md section 2, [our choice]; docs/PLANNER.md)."""
+n (with mixed degrees, and a group of a smaller degree beside them) share the
+nominal stream (AMPD.md section 2, [our choice]; docs/PLANNER.md)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ampd.core.deployment import Role, WorkerSpec
+from ampd.core.deployment import ReplicaGroup, Role, WorkerSpec
 from ampd.perf.interface import PerfModel
 from ampd.planner.cells import TauCell
-from ampd.planner.queueing import PrefillChains, fcfs_ttft_s
+from ampd.planner.queueing import PrefillChains, ServerGroup, fcfs_ttft_s
 from ampd.planner.stream import NominalStream
 
 _ROUTED_MAX_UTILISATION = 2.0
@@ -23,7 +25,8 @@ visits to prefill sides that cannot win (the 5 s bound at 256 GPUs, issue 12).""
 
 
 def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, ttft_slo_s: float,
-                  cross_server: bool, scope: str, local_above_s: float = math.inf) -> list[TauCell]:
+                  cross_server: bool, scope: str, local_above_s: float = math.inf,
+                  chains: PrefillChains | None = None) -> list[TauCell]:
     """tau_pre(tp, k) for k = 1..``max_dp``.
 
     Each remote task's TTFT comes from the closed FCFS multi-server queue of
@@ -55,25 +58,74 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
             placement is not known yet, so we take the slower link), else over NVLink.
         local_above_s: alpha x the TTFT threshold under the router model, seconds;
             ``math.inf`` (default): the stream's own remote tasks, a fixed share.
+        chains: ``prefill_chains(stream, perf, tp, cross_server)`` when the caller has
+            it (it is the costly part of a side); None: built here.
     """
-    chains = _chains(stream, perf, tp, cross_server)
+    chains = prefill_chains(stream, perf, tp, cross_server) if chains is None else chains
+    base = TauCell(Role.PREFILL, tp, 0, None, ttft_slo_s, 0, perf.kv_capacity_tokens(tp))
+    work_s = _work_s(stream, chains.compute_s)
+    return _series(stream, chains, (), base, range(1, max_dp + 1), lambda dp: work_s / dp, scope, local_above_s)
+
+
+def mixed_prefill_cells(stream: NominalStream, perf: PerfModel, degrees: Sequence[int], max_gpus: int,
+                        ttft_slo_s: float, cross_server: bool, scope: str,
+                        local_above_s: float = math.inf,
+                        chains: Mapping[int, PrefillChains] | None = None) -> list[TauCell]:
+    """Every prefill cell of two degrees within ``max_gpus`` GPUs (docs/PLANNER.md,
+    "Mixed degrees"): for degrees a < b of ``degrees``, k >= 1 replicas of degree b
+    beside j replicas of degree a, 1 <= j and j a < b (the GPUs that make no further
+    replica of degree b), the mixtures ``decode_tau.mixed_decode_cells`` takes.
+
+    All of them share one FCFS queue (``queueing.fcfs_ttft_s`` with ``beside``): the
+    system's rule picks the group per task, so the split follows the load, not a
+    fixed proportion. Utilisation: the window's prefill work against what the side
+    serves, a replica of degree n doing ``span / work(n)`` of it (``work(n)``: the
+    window's remote compute at n). Everything else, P95, router model, saturation
+    along k, is ``prefill_cells``'s; arguments as there (``chains``: by degree).
+    """
+    if chains is None:
+        chains = {n: prefill_chains(stream, perf, n, cross_server) for n in degrees}
+    work_s = {n: _work_s(stream, c.compute_s) for n, c in chains.items()}
+    cells = []
+    for b in degrees:
+        for a in (n for n in degrees if n < b):
+            for j in range(1, -(-b // a)):
+                rest = chains[a]
+                beside = (ServerGroup(j, rest.read_s, rest.compute_s, rest.send_s, rest.remote_paths_s),)
+                base = TauCell(Role.PREFILL, b, 0, None, ttft_slo_s, 0, perf.kv_capacity_tokens(b),
+                               extra=(ReplicaGroup(Role.PREFILL, a, j),))
+                ks = range(1, (max_gpus - j * a) // b + 1)
+                cells += _series(stream, chains[b], beside, base, ks,
+                                 lambda k, b=b, a=a, j=j: 1.0 / (k / work_s[b] + j / work_s[a]), scope, local_above_s)
+    return cells
+
+
+def _work_s(stream: NominalStream, compute_s: np.ndarray) -> float:
+    """Prefill work of the window's remote tasks, seconds."""
+    return sum(c for c, counted in zip(compute_s, stream.remote & stream.in_window) if counted)
+
+
+def _series(stream: NominalStream, chains: PrefillChains, beside: tuple[ServerGroup, ...], base: TauCell,
+            counts: range, load_s, scope: str, local_above_s: float) -> list[TauCell]:
+    """The cells of ``base`` at each count k of its main group (``beside`` fixed), in
+    increasing k. ``load_s(k)``: the window's prefill work per second of capacity k
+    replicas (with ``beside``) serve, seconds; over the span it is the utilisation."""
     routed = local_above_s < math.inf
-    work_s = sum(c for c, counted in zip(chains.compute_s, stream.remote & stream.in_window) if counted)
     counted = stream.measured if routed else stream.remote & stream.measured
     session = stream.session[counted]
     in_window = stream.in_window
-    base = TauCell(Role.PREFILL, tp, 0, None, ttft_slo_s, 0, perf.kv_capacity_tokens(tp))
     cells, saturated = [], None
-    for dp in range(1, max_dp + 1):
+    for dp in counts:
         if saturated is not None:
             cells.append(dataclasses.replace(saturated, dp=dp))
             continue
-        utilisation = work_s / (dp * stream.span_s)
+        utilisation = load_s(dp) / stream.span_s
         if utilisation >= (_ROUTED_MAX_UTILISATION if routed else 1.0):
-            reason = f"prefill work is {utilisation:.2f} x what {dp} replica(s) of TP={tp} serve"
+            side = " and ".join(f"{g.dp} replica(s) of TP={g.tp}" for g in dataclasses.replace(base, dp=dp).groups)
+            reason = f"prefill work is {utilisation:.2f} x what {side} serve"
             cells.append(dataclasses.replace(base, dp=dp, reason=reason))
             continue
-        run = fcfs_ttft_s(chains, dp, local_above_s)
+        run = fcfs_ttft_s(chains, dp, local_above_s, beside)
         p95_s = _p95_s(run.ttft_s[counted], session, scope)
         local = run.local & in_window if routed else np.zeros(in_window.size, dtype=bool)
         cells.append(dataclasses.replace(base, dp=dp, p95_s=p95_s, local_share=float(local.sum() / in_window.sum()),
@@ -82,7 +134,9 @@ def prefill_cells(stream: NominalStream, perf: PerfModel, tp: int, max_dp: int, 
     return cells
 
 
-def _chains(stream: NominalStream, perf: PerfModel, tp: int, cross_server: bool) -> PrefillChains:
+def prefill_chains(stream: NominalStream, perf: PerfModel, tp: int, cross_server: bool) -> PrefillChains:
+    """The stream's tasks with their stages on a prefill replica of degree ``tp`` (a decode
+    replica of the same degree at the other end; ``cross_server``: over the network)."""
     prefill = WorkerSpec(0, Role.PREFILL, tp, 0)
     decode = WorkerSpec(1, Role.DECODE, tp, 1 if cross_server else 0)
     sizes = list(zip(stream.hist_tokens.tolist(), stream.new_tokens.tolist()))

@@ -65,13 +65,33 @@ class PrefillChains:
         return np.flatnonzero(~led)
 
 
+@dataclass(frozen=True)
+class ServerGroup:
+    """Prefill replicas of a further degree sharing the queue with those of
+    ``fcfs_ttft_s``'s chains (a prefill side of mixed degrees; docs/PLANNER.md,
+    "Mixed degrees"), each task's stages at that degree.
+
+    Attributes:
+        count: replicas, >= 1.
+        read_s, compute_s, send_s: shape (m,), as ``PrefillChains``'s, at this degree.
+        paths_s: a remote round's serving path at this degree, ``(before_s, after_s)``.
+    """
+
+    count: int
+    read_s: np.ndarray
+    compute_s: np.ndarray
+    send_s: np.ndarray
+    paths_s: tuple[float, float] = (0.0, 0.0)
+
+
 class QueueRun(NamedTuple):
     """What ``fcfs_ttft_s`` returns.
 
     Attributes:
         ttft_s: TTFT per task, seconds, shape (m,).
         waited: True when some remote task found every replica busy, or (router
-            model) was sent locally while they were: more replicas change the run.
+            model) was sent locally while they were, or (mixed degrees) found every
+            replica of the first group busy: more replicas of it may change the run.
         local: per task, True when it ran on its decode replica (flagged local in
             the chains, or sent there by the router model), shape (m,).
     """
@@ -81,9 +101,11 @@ class QueueRun(NamedTuple):
     local: np.ndarray
 
 
-def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = math.inf) -> QueueRun:
-    """TTFT of each task on ``num_servers`` identical prefill replicas fed by one FCFS
-    queue, whether any remote task found every replica busy, and which tasks ran locally.
+def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = math.inf,
+                beside: tuple[ServerGroup, ...] = ()) -> QueueRun:
+    """TTFT of each task on ``num_servers`` identical prefill replicas (and the replicas of
+    other degrees ``beside`` them) fed by one FCFS queue, whether any remote task found
+    every replica busy, and which tasks ran locally.
 
     Lindley's recursion for c servers, in ready order: a remote task goes to the replica
     whose compute frees first, at ``f``; it computes from ``max(ready + before + read, f)``
@@ -104,49 +126,79 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
     the ITL threshold, or a local estimate below a remote one already above alpha x
     the threshold).
 
+    Mixed degrees (``beside``): servers of a group are identical, so each group's
+    candidate is the replica that frees first in it, and the groups differ in their
+    stages. Which group takes a task is the system's rule at the moment it is ready:
+    without the router model, plain PD disaggregation's least queued work
+    (``max(f - ready, 0)``, ``routing.least_loaded_prefill``); under it, the smallest
+    predicted TTFT above (``PredictiveRouter``, ``SloRouter``). Ties go to the chains'
+    own replicas, which come first in the deployment (lowest worker ids), then to the
+    groups in order.
+
     Args:
         chains: the tasks; round 0 of every session carries its arrival.
         num_servers: replicas, >= 1.
         local_above_s: the predicted remote TTFT above which the router runs a task
             locally, seconds; ``math.inf`` (default): every task the chains flag
             remote runs remotely.
+        beside: further replicas of other degrees in the same queue; default none.
     """
     if chains.arrival_s.size == 0:
         return QueueRun(np.zeros(0), False, np.zeros(0, dtype=bool))
-    ttft_s, waited, local = _lindley(chains.arrival_s, chains.read_s, chains.compute_s, chains.send_s,
-                                     chains.remote, chains.after_s, chains.next_task, chains.opening,
-                                     num_servers, local_above_s, *chains.remote_paths_s, chains.local_path_s,
+    groups = (ServerGroup(num_servers, chains.read_s, chains.compute_s, chains.send_s, chains.remote_paths_s),
+              *beside)
+    stages = [np.vstack([np.asarray(getattr(g, name), dtype=np.float64) for g in groups])
+              for name in ("read_s", "compute_s", "send_s")]
+    paths = np.array([g.paths_s for g in groups], dtype=np.float64).reshape(len(groups), 2)
+    ttft_s, waited, local = _lindley(chains.arrival_s, *stages, chains.remote, chains.after_s, chains.next_task,
+                                     chains.opening, np.array([g.count for g in groups], dtype=np.int64),
+                                     local_above_s, paths[:, 0].copy(), paths[:, 1].copy(), chains.local_path_s,
                                      chains.local_s)
     return QueueRun(ttft_s, bool(waited), local)
 
 
 # Compiled: the recursion is sequential (each task's start depends on the queue before it),
-# and in Python it was most of the planning time at 256 GPUs (issue 12: <= 5 s). The same
-# IEEE operations in the same order as the Python loop it replaced, which it matched bit for
-# bit on the 256-GPU stream (docs/PLANNER.md, "Planning time").
-@numba.njit(cache=True)
-def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, opening, num_servers,
+# and in Python it was most of the planning time at 256 GPUs (issue 12: <= 5 s). With one
+# group, the same IEEE operations in the same order as the Python loop it replaced, which it
+# matched bit for bit on the 256-GPU stream (docs/PLANNER.md, "Planning time"). Stages are
+# shape (groups, m), one row per degree; a task's group is chosen before its own recursion.
+@numba.njit(cache=True, nogil=True)
+def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, opening, counts,
              local_above_s, path_before_s, path_after_s, local_path_s, local_s):
     pending = [(arrival_s[t], t) for t in opening]
     heapq.heapify(pending)
-    free_s = [-math.inf] * num_servers
+    free_s = [[-math.inf] * counts[g] for g in range(counts.size)]
     ttft_s = np.zeros(arrival_s.size)
     local = ~remote
     routed, waited = local_above_s < math.inf, False
     while pending:
         ready, t = heapq.heappop(pending)
+        g, queued_s = 0, free_s[0][0] - ready if free_s[0][0] > ready else 0.0
+        if routed:
+            best_s = queued_s + read_s[0, t] + compute_s[0, t] + send_s[0, t] + path_before_s[0] + path_after_s[0]
+        for other in range(1, counts.size):
+            other_queued_s = free_s[other][0] - ready if free_s[other][0] > ready else 0.0
+            if routed:
+                other_s = (other_queued_s + read_s[other, t] + compute_s[other, t] + send_s[other, t]
+                           + path_before_s[other] + path_after_s[other])
+                if other_s < best_s:
+                    g, queued_s, best_s = other, other_queued_s, other_s
+            elif other_queued_s < queued_s:
+                g, queued_s = other, other_queued_s
+        # mixed: an idle replica more in the first group could take a task the others took
+        waited = waited or (counts.size > 1 and remote[t] and free_s[0][0] > ready)
         if routed and remote[t]:
-            queued_s = free_s[0] - ready if free_s[0] > ready else 0.0
-            local[t] = queued_s + read_s[t] + compute_s[t] + send_s[t] + path_before_s + path_after_s > local_above_s
+            local[t] = best_s > local_above_s
             # sent away from busy replicas: more replicas would have kept it, as a wait would
             waited = waited or (local[t] and queued_s > 0.0)
         if not local[t]:
-            start = ready + path_before_s + read_s[t]
-            if free_s[0] > start:
-                start, waited = free_s[0], True
-            end = start + compute_s[t]
-            heapq.heapreplace(free_s, end)
-            first = end + send_s[t] + path_after_s
+            servers = free_s[g]
+            start = ready + path_before_s[g] + read_s[g, t]
+            if servers[0] > start:
+                start, waited = servers[0], True
+            end = start + compute_s[g, t]
+            heapq.heapreplace(servers, end)
+            first = end + send_s[g, t] + path_after_s[g]
         else:
             first = ready + local_path_s + local_s[t]
         ttft_s[t] = first - ready

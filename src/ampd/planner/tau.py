@@ -13,7 +13,7 @@ from ampd.perf.interface import PerfModel
 from ampd.policy.batching import Batching
 from ampd.planner.cells import TauCell
 from ampd.planner.decode_tau import LocalLoad, decode_cells, decode_replica, mixed_decode_cells, spread_locals
-from ampd.planner.prefill_tau import prefill_cells
+from ampd.planner.prefill_tau import mixed_prefill_cells, prefill_cells, prefill_chains
 from ampd.planner.stream import NominalStream, build_stream
 from ampd.policy.routing import SloThresholds
 
@@ -112,10 +112,17 @@ class TauSides:
         return (self.num_gpus - self.degrees[0]) // n
 
     def prefill(self, local_above_s: float = math.inf) -> tuple[TauCell, ...]:
-        """Every prefill cell (``prefill_tau.prefill_cells``; ``local_above_s``: its router model)."""
+        """Every prefill cell (``prefill_tau.prefill_cells``; ``local_above_s``: its router model),
+        then, with ``mixed_degrees``, every two-degree one (``prefill_tau.mixed_prefill_cells``)."""
         cross_server = self.num_gpus > self.gpus_per_server
-        return tuple(c for n in self.degrees for c in prefill_cells(
-            self.stream, self.perf, n, self._max_dp(n), self.slo.ttft_s, cross_server, self.scope, local_above_s))
+        chains = {n: prefill_chains(self.stream, self.perf, n, cross_server) for n in self.degrees}
+        cells = tuple(c for n in self.degrees for c in prefill_cells(
+            self.stream, self.perf, n, self._max_dp(n), self.slo.ttft_s, cross_server, self.scope, local_above_s,
+            chains[n]))
+        if not self.mixed_degrees:
+            return cells
+        return cells + tuple(mixed_prefill_cells(self.stream, self.perf, self.degrees, self.num_gpus - self.degrees[0],
+                                                 self.slo.ttft_s, cross_server, self.scope, local_above_s, chains))
 
     def decode(self, local: LocalLoad) -> tuple[TauCell, ...]:
         """Every decode cell carrying the local prefills ``local`` (``decode_tau.decode_cells``),
@@ -172,7 +179,7 @@ def estimate_tau(sessions: Sequence[Session], perf: PerfModel, slo: SloThreshold
             None: the whole stream.
         batching: how the decode replicas' engine runs a local prefill (``decode_tau``);
             default the paper's pause.
-        mixed_degrees: also the decode cells of two degrees (``decode_tau``, "Mixed
+        mixed_degrees: also the cells of two degrees, both roles (``decode_tau``, ``prefill_tau``, "Mixed
             degrees"); default one degree per role.
 
     Raises:
