@@ -4,6 +4,7 @@ the SLO threshold (AMPD.md section 2, [our choice])."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ampd.core.deployment import ReplicaGroup, Role
@@ -105,3 +106,14 @@ class TauCell:
                 "threshold_s": self.threshold_s, "kv_tokens": self.kv_tokens,
                 "kv_capacity_tokens": self.kv_capacity_tokens, "reason": self.reason,
                 "local_share": self.local_share, "extra": [str(g) for g in self.extra]}
+
+
+def mixtures(degrees: Sequence[int], max_gpus: int) -> Iterator[tuple[int, int, int, range]]:
+    """The two-degree sides both roles consider (docs/PLANNER.md, "Mixed degrees"): for
+    degrees a < b, j replicas of degree a with 1 <= j and j a < b (the GPUs that make no
+    further replica of degree b), beside k replicas of degree b for every k >= 1 within
+    ``max_gpus``. Yields ``(b, a, j, ks)``, ``ks`` the counts k."""
+    for b in degrees:
+        for a in (n for n in degrees if n < b):
+            for j in range(1, -(-b // a)):
+                yield b, a, j, range(1, (max_gpus - j * a) // b + 1)

@@ -54,7 +54,7 @@ from scipy.stats import binom
 from ampd.core.deployment import ReplicaGroup, Role
 from ampd.perf.interface import PerfModel
 from ampd.policy.batching import Batching, local_prefill
-from ampd.planner.cells import TauCell
+from ampd.planner.cells import TauCell, mixtures
 from ampd.planner.stream import NominalStream
 from ampd.planner.timeline import weighted_quantile
 
@@ -179,14 +179,10 @@ def mixed_decode_cells(replicas: Sequence[DecodeReplica], max_gpus: int, itl_slo
     """Every decode cell of two degrees (module docstring, "Mixed degrees") within
     ``max_gpus`` GPUs: for each pair of ``replicas`` (``decode_replica``, one per
     degree) of degrees a < b, k >= 1 replicas of degree b beside j replicas of degree
-    a, 1 <= j and j a < b."""
-    cells = []
-    for main in replicas:
-        for rest in (r for r in replicas if r.tp < main.tp):
-            for j in range(1, -(-main.tp // rest.tp)):
-                for k in range(1, (max_gpus - j * rest.tp) // main.tp + 1):
-                    cells.append(_mixed_cell(main, k, rest, j, itl_slo_s, scope))
-    return cells
+    a, 1 <= j and j a < b (``cells.mixtures``)."""
+    by_tp = {r.tp: r for r in replicas}
+    return [_mixed_cell(by_tp[b], k, by_tp[a], j, itl_slo_s, scope)
+            for b, a, j, ks in mixtures([r.tp for r in replicas], max_gpus) for k in ks]
 
 
 def _mixed_cell(main: DecodeReplica, k: int, rest: DecodeReplica, j: int, itl_slo_s: float, scope: str) -> TauCell:

@@ -12,7 +12,7 @@ import numpy as np
 
 from ampd.core.deployment import ReplicaGroup, Role, WorkerSpec
 from ampd.perf.interface import PerfModel
-from ampd.planner.cells import TauCell
+from ampd.planner.cells import TauCell, mixtures
 from ampd.planner.queueing import PrefillChains, ServerGroup, fcfs_ttft_s
 from ampd.planner.stream import NominalStream
 
@@ -74,7 +74,7 @@ def mixed_prefill_cells(stream: NominalStream, perf: PerfModel, degrees: Sequenc
     """Every prefill cell of two degrees within ``max_gpus`` GPUs (docs/PLANNER.md,
     "Mixed degrees"): for degrees a < b of ``degrees``, k >= 1 replicas of degree b
     beside j replicas of degree a, 1 <= j and j a < b (the GPUs that make no further
-    replica of degree b), the mixtures ``decode_tau.mixed_decode_cells`` takes.
+    replica of degree b): ``cells.mixtures``, as the decode side's.
 
     All of them share one FCFS queue (``queueing.fcfs_ttft_s`` with ``beside``): the
     system's rule picks the group per task, so the split follows the load, not a
@@ -87,16 +87,13 @@ def mixed_prefill_cells(stream: NominalStream, perf: PerfModel, degrees: Sequenc
         chains = {n: prefill_chains(stream, perf, n, cross_server) for n in degrees}
     work_s = {n: _work_s(stream, c.compute_s) for n, c in chains.items()}
     cells = []
-    for b in degrees:
-        for a in (n for n in degrees if n < b):
-            for j in range(1, -(-b // a)):
-                rest = chains[a]
-                beside = (ServerGroup(j, rest.read_s, rest.compute_s, rest.send_s, rest.remote_paths_s),)
-                base = TauCell(Role.PREFILL, b, 0, None, ttft_slo_s, 0, perf.kv_capacity_tokens(b),
-                               extra=(ReplicaGroup(Role.PREFILL, a, j),))
-                ks = range(1, (max_gpus - j * a) // b + 1)
-                cells += _series(stream, chains[b], beside, base, ks,
-                                 lambda k, b=b, a=a, j=j: 1.0 / (k / work_s[b] + j / work_s[a]), scope, local_above_s)
+    for b, a, j, ks in mixtures(degrees, max_gpus):
+        rest = chains[a]
+        beside = (ServerGroup(j, rest.read_s, rest.compute_s, rest.send_s, rest.remote_paths_s),)
+        base = TauCell(Role.PREFILL, b, 0, None, ttft_slo_s, 0, perf.kv_capacity_tokens(b),
+                       extra=(ReplicaGroup(Role.PREFILL, a, j),))
+        cells += _series(stream, chains[b], beside, base, ks,
+                         lambda k, b=b, a=a, j=j: 1.0 / (k / work_s[b] + j / work_s[a]), scope, local_above_s)
     return cells
 
 
