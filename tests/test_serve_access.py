@@ -102,7 +102,7 @@ def test_chat_content_as_text_parts_is_served(cluster):
         "max_tokens": 3})
     assert reply.status_code == 200 and len(reply.json()["choices"][0]["token_ids"]) == 3
     # the mock tokenizes "role: content" per line, bytes: the parts joined by a newline
-    assert reply.json()["usage"]["prompt_tokens"] == len("user: hello\nyou\nassistant:")
+    assert reply.json()["usage"]["prompt_tokens"] == len("user: hello\nyou\nassistant: ")
 
 
 def test_a_body_over_the_limit_is_413_at_once_and_the_server_serves_on(cluster):

@@ -375,6 +375,6 @@ def test_tokenize_is_bytes_and_renders_chat_messages():
     from ampd.serve.mock_engine import tokenize_body
     assert tokenize_body({"prompt": "ab"}, 32000)["tokens"] == [3 + 97, 3 + 98]
     chat = tokenize_body({"messages": [{"role": "user", "content": "hi"}]}, 32000)
-    assert chat["count"] == len("user: hi\nassistant:")
+    assert chat["count"] == len("user: hi\nassistant: ")  # the reply follows "assistant: "
     with pytest.raises(ValueError, match="prompt"):
         tokenize_body({"prompt": 3}, 32000)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from ampd.core.errors import AmpdError, InputError
 from ampd.core.names import unknown_name
+from ampd.core.session import MAX_TOKENS
 from ampd.metrics.slo import SloScope
 from ampd.perf.perf_file import load_perf_model
 from ampd.perf.resolve import resolve_gpu, resolve_model
@@ -328,6 +329,9 @@ class ServeConfig(_Strict):
                                                        "sessions are found\"); e.g. X-Correlation-ID for aiperf")
     session_block_tokens: int = Field(16, ge=1, le=4096, description="tokens per hashed block of the prompt index "
                                                                      "that finds sessions of requests naming none")
+    chat_max_tokens: int = Field(1024, ge=1, le=MAX_TOKENS, description=(
+        "max_tokens of a chat request that gives none (OpenAI's chat API has no fixed default; a round's KV "
+        "reservation is its prompt + max_tokens) [our choice: a page of text or a long tool call]"))
     served_model_aliases: list[str] = Field([], description="more names clients may give as `model` (listed by "
                                                             "/v1/models); any other name is a 404")
     replica_id: str = Field("", description="unique per coordinator replica; empty: host:pid")

@@ -22,9 +22,11 @@ from ampd.config import ServeConfig
 from ampd.core.deployment import Role
 from ampd.serve.auth import AccessPolicy
 from ampd.serve.body import parse_body, read_body
+from ampd.serve.chat import ChatReply, stream_choice
 from ampd.serve.coordinator import Coordinator
 from ampd.serve.engine_client import Chunk, EngineError
-from ampd.serve.requests import check_common, check_messages, check_model, check_tools, prompt_ids, round_request
+from ampd.serve.requests import (check_common, check_messages, check_model, prompt_ids, round_request,
+                                 template_fields)
 from ampd.serve.rounds import RoundTrace, ServeError
 
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
@@ -90,8 +92,10 @@ def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, lim
         prompt = body.get("prompt")
         ids = None if isinstance(prompt, str) else prompt_ids(prompt)
         round_req = round_request(body, request.headers, session_headers=session_headers)
-        ids = ids or await _tokenize(coordinator, {"prompt": prompt})
-        return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids), scope, stream, body, chat=False)
+        if ids is None:
+            ids, tokenizer = await _tokenize(coordinator, {"prompt": prompt})
+            round_req = dataclasses.replace(round_req, tokenizer_worker=tokenizer)
+        return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids), scope, stream, body)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, scope: str = Depends(client)):
@@ -99,10 +103,13 @@ def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, lim
         check_model(body, served_models)
         stream = check_common(body)
         messages = check_messages(body.get("messages"))
-        template = check_tools(body)
-        round_req = round_request(body, request.headers, session_headers=session_headers)
-        ids = await _tokenize(coordinator, {"messages": messages, "add_generation_prompt": True, **template})
-        return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids), scope, stream, body, chat=True)
+        template = template_fields(body)
+        round_req = round_request(body, request.headers, session_headers=session_headers, messages=messages,
+                                  default_max_tokens=limits.chat_max_tokens)
+        ids, tokenizer = await _tokenize(coordinator, {"messages": messages, "add_generation_prompt":
+                                                       not template.get("continue_final_message"), **template})
+        return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids, tokenizer_worker=tokenizer), scope,
+                            stream, body)
 
     @app.get("/v1/models", dependencies=[Depends(client)])
     async def models():
@@ -129,8 +136,9 @@ def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, lim
     return app
 
 
-async def _tokenize(coordinator: Coordinator, payload: dict) -> tuple[int, ...]:
-    """Token ids from a live decode engine's ``/tokenize`` (text prompts, chat)."""
+async def _tokenize(coordinator: Coordinator, payload: dict) -> tuple[tuple[int, ...], int]:
+    """Token ids from a live decode engine's ``/tokenize`` (text prompts, chat),
+    and that engine's id."""
     dead = coordinator.dead_workers
     decode = [i for i, w in coordinator.workers.items() if w.spec.role is Role.DECODE and i not in dead]
     if not decode:
@@ -143,7 +151,7 @@ async def _tokenize(coordinator: Coordinator, payload: dict) -> tuple[int, ...]:
         if err.reason == "status" and err.status and err.status < 500:
             raise ServeError(400, f"tokenizing the prompt failed: {err.message}") from None
         raise ServeError(502, f"decode engine {worker_id} could not tokenize the prompt ({err.reason})") from None
-    return prompt_ids(ids, "prompt (tokenized)")
+    return prompt_ids(ids, "prompt (tokenized)"), worker_id
 
 
 def _headers(trace: RoundTrace) -> dict[str, str]:
@@ -156,7 +164,8 @@ def _headers(trace: RoundTrace) -> dict[str, str]:
     return headers
 
 
-async def _serve(coordinator: Coordinator, round_req, scope: str, stream: bool, body: dict, chat: bool):
+async def _serve(coordinator: Coordinator, round_req, scope: str, stream: bool, body: dict):
+    chat = round_req.chat
     trace, chunks = await coordinator.open_round(round_req, scope)
     meta = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": body.get("model") or coordinator.options.model_name}
@@ -165,13 +174,18 @@ async def _serve(coordinator: Coordinator, round_req, scope: str, stream: bool, 
         include_usage = (body.get("stream_options") or {}).get("include_usage", False)
         events = _sse(chunks, meta, chat, usage if include_usage else None)
         return StreamingResponse(events, media_type="text/event-stream", headers=_headers(trace))
-    ids, texts = [], []
-    async for chunk in chunks:
-        ids.extend(chunk.token_ids)
-        texts.append(chunk.text)
-    choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(texts)}} if chat
-              else {"index": 0, "text": "".join(texts)})
-    choice.update(token_ids=ids, finish_reason="length" if len(ids) >= round_req.max_tokens else "stop")
+    if chat:
+        reply = ChatReply()
+        async for chunk in chunks:
+            reply.add(chunk)
+        choice = reply.choice(round_req.max_tokens)
+    else:
+        ids, texts = [], []
+        async for chunk in chunks:
+            ids.extend(chunk.token_ids)
+            texts.append(chunk.text)
+        choice = {"index": 0, "text": "".join(texts), "token_ids": ids,
+                  "finish_reason": "length" if len(ids) >= round_req.max_tokens else "stop"}
     return JSONResponse({**meta, "object": "chat.completion" if chat else "text_completion", "choices": [choice],
                          "usage": usage()}, headers=_headers(trace))
 
@@ -187,10 +201,13 @@ def _usage(coordinator: Coordinator, round_req, trace: RoundTrace) -> dict:
 async def _sse(chunks: AsyncIterator[Chunk], meta: dict, chat: bool,
                usage: Callable[[], dict] | None) -> AsyncIterator[str]:
     kind = "chat.completion.chunk" if chat else "text_completion"
+    first = True
     try:
         async for chunk in chunks:
-            choice = ({"index": 0, "delta": {"content": chunk.text}} if chat else {"index": 0, "text": chunk.text})
-            choice.update(token_ids=list(chunk.token_ids), finish_reason=None)
+            if chat:
+                choice, first = stream_choice(chunk, first), False
+            else:
+                choice = {"index": 0, "text": chunk.text, "token_ids": list(chunk.token_ids), "finish_reason": None}
             yield f"data: {json.dumps({**meta, 'object': kind, 'choices': [choice]})}\n\n"
     except ServeError as err:
         yield f"data: {json.dumps({'error': {'message': str(err), 'code': err.status}})}\n\n"

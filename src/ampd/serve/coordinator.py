@@ -235,8 +235,10 @@ class Coordinator:
                 output.extend(chunk.token_ids)
                 yield chunk
             self.ctx.metrics.rounds.labels("local" if trace.local else "remote").inc()
-            await self.sessions.finish(session_id, trace.decode_worker, need_tokens(request), request.last_round,
-                                       self.batches.slack_after(live))
+            # What the engine holds now: the prompt and the output it generated (a reply may
+            # end before max_tokens: a chat server's end of turn, a finished tool call).
+            await self.sessions.finish(session_id, trace.decode_worker, len(request.prompt) + len(output),
+                                       request.last_round, self.batches.slack_after(live))
             if request.session_source == FROM_PROMPT and not request.last_round:
                 await self.ctx.store_call(self.histories.record(session_id, scope, request.prompt, output))
             done = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from ampd.core.view import QueuedTask
+from ampd.serve.chat import prompt_check, prompt_mismatch
 from ampd.serve.context import ReplicaContext
 from ampd.serve.decode_batch import DecodeBatches
 from ampd.serve.engine_client import Chunk, EngineClient, EngineError
@@ -41,13 +42,18 @@ class RoundDelivery:
 
     async def deliver(self, live: LiveRound) -> AsyncIterator[Chunk]:
         """The round's chunks, across as many attempts as failures need (one per
-        worker, plus two).
+        worker, plus two). A completion goes on after a dead engine's last token
+        on the next (its prompt and output so far as the new prompt); a chat
+        round starts again there if nothing of it went out yet.
 
         Raises:
             ServeError: the engine refused the request (its 4xx), or every
-                attempt failed (502), or no engine could take the session (503).
+                attempt failed (502), or no engine could take the session (503),
+                or a chat round's engine died after it spoke (502), or rendered
+                another prompt than the coordinator counted (502).
         """
         emitted: list[int] = []
+        spoke = False  # a chunk went out (a chat parser may speak before a token counts)
         model = self.ctx.options.model_name
         for _ in range(len(self.ctx.workers) + 2):
             body = engine_body(live.request, model, live.request.prompt + tuple(emitted),
@@ -57,10 +63,16 @@ class RoundDelivery:
             try:
                 async for chunk in self._stream_once(live, body, not emitted):
                     emitted.extend(chunk.token_ids)
+                    spoke = True
                     yield chunk
                 return
             except EngineError as err:
+                failed = live.trace.decode_worker
                 await self._recover(live, err, emitted)
+                if live.request.chat and spoke:  # the session is rebound: the round sent again is served
+                    raise ServeError(502, f"decode engine {failed} failed mid-reply; a chat reply cannot be resumed "
+                                          "token for token (the engine's parsers hold its state): send the round "
+                                          "again") from None
         raise ServeError(502, f"round {live.task.round_index} of session {live.task.session_id}: the decode engines "
                               "kept failing")
 
@@ -69,9 +81,14 @@ class RoundDelivery:
         local_key, in_batch = None, False
         if first and live.trace.local and not live.trace.degraded:
             local_key = await self._track_local(live)
+        check = prompt_check(live.request.prompt, live.request.tokenizer_worker) if live.request.chat else None
         try:
             async for chunk in self.engines.stream(self.ctx.workers[worker_id].url, body, live.task.session_id,
                                                    live.request.last_round):
+                if check is not None and "prompt_token_ids" in chunk.event:
+                    problem = prompt_mismatch(check, chunk.event["prompt_token_ids"], "decode", worker_id)
+                    if problem:
+                        raise ServeError(502, problem)
                 if chunk.token_ids:
                     if not in_batch:
                         in_batch = True
@@ -83,6 +100,8 @@ class RoundDelivery:
                             local_key = None
                     else:
                         self.windows.later_tokens(live.trace, len(chunk.token_ids))
+                    yield chunk
+                elif chunk.says_something:
                     yield chunk
                 elif chunk.event.get("usage"):
                     live.usage = chunk.event["usage"]

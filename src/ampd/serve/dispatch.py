@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from ampd.policy.reorder import QueuePolicy, apply_order
+from ampd.serve.chat import PROMPT_CHECK_KEY, prompt_mismatch
 from ampd.serve.clock import ScaledClock
 from ampd.serve.engine_client import EngineClient, EngineError
 from ampd.serve.history_export import EXPORT_KEY, EXPORT_SHARE_OF_DEADLINE, ExportRequest, cached_tokens, export_history
@@ -120,6 +121,7 @@ class PrefillDispatcher:
         message = {"key": entry.key, "worker_id": worker_id, "phases_s": phases}
         body = json.loads(payload)
         export = body.pop(EXPORT_KEY, None)
+        check = body.pop(PROMPT_CHECK_KEY, None)
         timeout_s = self.timeout_s * self.clock.time_scale
         try:
             sent_s = self.clock.now_s()
@@ -130,8 +132,12 @@ class PrefillDispatcher:
                 phases["export"], sent_s = exported_s - sent_s, exported_s
             reply = await self.engines.complete(self.workers[worker_id].url, body, task.session_id, timeout_s)
             phases["prefill"] = self.clock.now_s() - sent_s
-            message.update(ok=True, kv_transfer_params=reply.get("kv_transfer_params"),
-                           cached_tokens=cached_tokens(reply))
+            problem = check and prompt_mismatch(check, reply.get("prompt_token_ids"), "prefill", worker_id)
+            if problem:
+                message.update(ok=False, error=problem, reason="prompt-mismatch", status=502)
+            else:
+                message.update(ok=True, kv_transfer_params=reply.get("kv_transfer_params"),
+                               cached_tokens=cached_tokens(reply))
         except EngineError as err:  # the message, not the engine's URL: it may reach the client
             message.update(ok=False, error=err.message, reason=err.reason, status=err.status)
             if err.engine_down:

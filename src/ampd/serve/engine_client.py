@@ -35,11 +35,42 @@ class EngineError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """One streamed completion chunk: its token ids and text, and the raw event."""
+    """One streamed completion or chat chunk: its token ids and text (a
+    completion's ``text``; a chat chunk's ``delta`` stays in the raw event),
+    and the raw event."""
 
     token_ids: tuple[int, ...]
     text: str
     event: dict
+
+    @property
+    def choice(self) -> dict:
+        """The event's first choice ({} for a usage-only event)."""
+        choices = self.event.get("choices")
+        return choices[0] if choices and isinstance(choices[0], dict) else {}
+
+    @property
+    def says_something(self) -> bool:
+        """It carries tokens, or what a client must see without tokens: a chat
+        delta with content, reasoning or tool calls, or a finish reason (a
+        chat server's parser may hold tokens back and speak later)."""
+        if self.token_ids:
+            return True
+        choice = self.choice
+        delta = choice.get("delta") or {}
+        return bool(choice.get("finish_reason") or delta.get("tool_calls")
+                    or any(delta.get(name) for name in CHAT_TEXT_FIELDS))
+
+
+# The text fields of a chat delta (OpenAI's ``content`` and ``refusal``; vLLM's reasoning
+# output under its current and its earlier name).
+CHAT_TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "refusal")
+
+
+def endpoint_path(body: dict) -> str:
+    """The engine endpoint of a round's request: the chat endpoint for a body
+    with ``messages`` (``rounds.engine_body``), else completions."""
+    return "/v1/chat/completions" if "messages" in body else "/v1/completions"
 
 
 class EngineClient:
@@ -80,12 +111,13 @@ class EngineClient:
         return list(reply.json()["tokens"])
 
     async def complete(self, url: str, body: dict, session_id: str, timeout_s: float) -> dict:
-        """A non-streaming completion (the remote prefill step): the reply JSON.
+        """A non-streaming completion or chat completion (``endpoint_path``; the
+        remote prefill step): the reply JSON.
 
         Raises:
             EngineError: unreachable, timed out, or an error status.
         """
-        reply = await self._post(url, "/v1/completions", body, _headers(session_id), timeout_s)
+        reply = await self._post(url, endpoint_path(body), body, _headers(session_id), timeout_s)
         return reply.json()
 
     async def _post(self, url: str, path: str, payload: dict, headers: dict, timeout_s: float) -> httpx.Response:
@@ -102,8 +134,8 @@ class EngineClient:
         return reply
 
     async def stream(self, url: str, body: dict, session_id: str, last_round: bool = False) -> AsyncIterator[Chunk]:
-        """A streaming completion, chunk by chunk (the usage chunk included, with
-        no tokens). An error status is raised before the first chunk.
+        """A streaming completion or chat completion (``endpoint_path``), chunk
+        by chunk (the usage chunk included, with no tokens). An error status is raised before the first chunk.
         ``last_round`` tells the engine the session ends with this round
         (``X-Session-Last-Round``: the mock engine then drops the session's state).
 
@@ -111,7 +143,7 @@ class EngineClient:
             EngineError: unreachable, an error status, or the stream broke off.
         """
         headers = {**_headers(session_id), **({"X-Session-Last-Round": "true"} if last_round else {})}
-        request = self._http.build_request("POST", f"{url}/v1/completions", json=body, headers=headers,
+        request = self._http.build_request("POST", f"{url}{endpoint_path(body)}", json=body, headers=headers,
                                            timeout=self._stream_timeout)
         try:
             reply = await self._http.send(request, stream=True)

@@ -45,17 +45,22 @@ class ExportRequest:
     Attributes:
         decode_url: the session's decode engine.
         history_tokens: leading prompt tokens the decode engine holds.
+        history_ids: those tokens, for a prefill request that carries no prompt
+            ids (a chat request: the engine renders its messages); None: the
+            request's ``prompt`` starts with them.
     """
 
     decode_url: str
     history_tokens: int
+    history_ids: list[int] | None = None
 
     def to_dict(self) -> dict:
-        return {"decode_url": self.decode_url, "history_tokens": self.history_tokens}
+        return {"decode_url": self.decode_url, "history_tokens": self.history_tokens, "history_ids": self.history_ids}
 
     @classmethod
     def from_dict(cls, d: dict) -> ExportRequest:
-        return cls(str(d["decode_url"]), int(d["history_tokens"]))
+        ids = d.get("history_ids")
+        return cls(str(d["decode_url"]), int(d["history_tokens"]), None if ids is None else list(ids))
 
 
 def cached_tokens(reply: dict) -> int:
@@ -72,7 +77,8 @@ async def export_history(engines: EngineClient, body: dict, export: ExportReques
 
     Args:
         engines: the HTTP client.
-        body: the prefill request (its ``prompt`` starts with the history); updated in place.
+        body: the prefill request (its ``prompt`` starts with the history,
+            unless ``export.history_ids`` holds it); updated in place.
         export: where the history is and how long it is.
         session_id: for the engine's ``X-Session-Id``.
         timeout_s: longest wait for the decode engine, wall seconds.
@@ -83,7 +89,8 @@ async def export_history(engines: EngineClient, body: dict, export: ExportReques
         found in its prefix cache (the rest it computed for the export), and
         why not.
     """
-    probe = {"model": body["model"], "prompt": body["prompt"][:export.history_tokens], "max_tokens": 1,
+    history = export.history_ids if export.history_ids is not None else body["prompt"][:export.history_tokens]
+    probe = {"model": body["model"], "prompt": history, "max_tokens": 1,
              "temperature": 0, "stream": False, "kv_transfer_params": dict(EXPORT_PARAMS)}
     try:
         reply = await engines.complete(export.decode_url, probe, session_id, timeout_s)

@@ -57,7 +57,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ampd.config import ClusterConfig, RunConfig
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
-from ampd.core.session import MAX_TOKENS
 from ampd.core.task import PrefillTask
 from ampd.experiment import perf_model_for, require_tp
 from ampd.metrics.records import ItlSeries
@@ -65,6 +64,7 @@ from ampd.perf.interface import PerfModel, RemoteStages
 from ampd.policy.batching import BATCHING_MODES, Batching
 from ampd.policy.reorder import Fcfs
 from ampd.serve.clock import ScaledClock
+from ampd.serve.mock_chat import ChatReplyPlan, ChatRequestError, plan_reply, render_chat, tokenize_body, tokenize_text
 from ampd.serve.mock_metrics import MockEngineMetrics
 from ampd.serve.wallclock_loop import WallClockLoop
 from ampd.sim.decode_worker import SimDecodeWorker
@@ -177,7 +177,14 @@ class RequestError(Exception):
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    """The fields of ``POST /v1/completions`` the mock uses."""
+    """The fields of ``POST /v1/completions`` (or of a chat request, rendered:
+    ``parse_chat_request``) the mock uses.
+
+    Attributes:
+        output_ids: the reply's token ids when the request decides them (a
+            chat reply, ``mock_chat.plan_reply``); None: ``token_id``'s hashes.
+        chat: the chat reply's plan, None for a completion.
+    """
 
     prompt: np.ndarray
     max_tokens: int
@@ -185,6 +192,8 @@ class CompletionRequest:
     include_usage: bool
     return_token_ids: bool
     kv_transfer_params: dict[str, Any]
+    output_ids: tuple[int, ...] | None = None
+    chat: ChatReplyPlan | None = None
 
 
 def _field(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
@@ -228,6 +237,35 @@ def parse_request(body: Any, model: str, vocab_size: int) -> CompletionRequest:
     return CompletionRequest(prompt, max_tokens, _field(body, "stream", bool, False),
                              bool(stream_options.get("include_usage")), _field(body, "return_token_ids", bool, False),
                              _field(body, "kv_transfer_params", dict, {}))
+
+
+def parse_chat_request(body: Any, model: str, vocab_size: int) -> CompletionRequest:
+    """Validate a chat request body and plan its reply (``mock_chat``).
+
+    Raises:
+        RequestError: 404 for another model; 400 naming the field for missing
+            messages, a field of the wrong type or range, a ``tool_choice`` or
+            ``response_format`` the mock cannot honour.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(400, "body: expected a JSON object", "body")
+    if body.get("model", model) != model:
+        raise RequestError(404, f"The model `{body['model']}` does not exist.", "model")
+    if not isinstance(body.get("messages"), list) or not body["messages"]:
+        raise RequestError(400, "messages: must be a non-empty list", "messages")
+    prompt = tokenize_text(render_chat(body), vocab_size)
+    max_tokens = _field(body, "max_tokens", int, _field(body, "max_completion_tokens", int, 16))
+    if max_tokens < 1:
+        raise RequestError(400, f"max_tokens: must be >= 1, got {max_tokens}", "max_tokens")
+    try:
+        plan = plan_reply(body, prompt, max_tokens)
+    except ChatRequestError as exc:
+        raise RequestError(400, str(exc), exc.param) from None
+    output_ids = tuple(tokenize_text(plan.text, vocab_size))
+    stream_options = _field(body, "stream_options", dict, {})
+    return CompletionRequest(np.asarray(prompt, dtype=np.int32), len(output_ids), _field(body, "stream", bool, False),
+                             bool(stream_options.get("include_usage")), _field(body, "return_token_ids", bool, False),
+                             _field(body, "kv_transfer_params", dict, {}), output_ids, plan)
 
 
 def _int_param(params: dict[str, Any], name: str, low: int, high: int | None = None,
@@ -368,7 +406,8 @@ class MockEngine:
         n = len(request.prompt)
         task = PrefillTask(session_id, next(self._ids), cached_tokens, n - cached_tokens, self.loop.now_s,
                            decode_worker)
-        outputs = [token_id(session_id, n, i, self.options.vocab_size) for i in range(request.max_tokens)]
+        outputs = (list(request.output_ids) if request.output_ids is not None
+                   else [token_id(session_id, n, i, self.options.vocab_size) for i in range(request.max_tokens)])
         rnd = EngineRound(session_id, n, outputs, cached_tokens, submit_s=self.loop.now_s)
         self.rounds[task.key] = rnd
         return rnd, task
@@ -465,10 +504,24 @@ class MockEngine:
             self._held.pop(session_id, None)
 
 
-def _choice(token_ids: list[int], request: CompletionRequest, finish_reason: str | None) -> dict[str, Any]:
-    return {"index": 0, "text": "".join(f"<{t}>" for t in token_ids), "logprobs": None,
-            "finish_reason": finish_reason, "stop_reason": None,
-            "token_ids": token_ids if request.return_token_ids else None}
+def _choice(token_ids: list[int], request: CompletionRequest, finish_reason: str | None,
+            position: int | None = None) -> dict[str, Any]:
+    """A reply's choice: a completion's text; a chat chunk's delta (the token at
+    ``position`` of the plan) or, with ``position`` None, a chat reply's message."""
+    ids = token_ids if request.return_token_ids else None
+    plan = request.chat
+    if plan is None:
+        return {"index": 0, "text": "".join(f"<{t}>" for t in token_ids), "logprobs": None,
+                "finish_reason": finish_reason, "stop_reason": None, "token_ids": ids}
+    if position is None:
+        return {"index": 0, "message": plan.message, "logprobs": None, "finish_reason": finish_reason,
+                "token_ids": ids}
+    return {"index": 0, "delta": plan.deltas[position], "logprobs": None, "finish_reason": finish_reason,
+            "token_ids": ids}
+
+
+def _finish_reason(request: CompletionRequest) -> str:
+    return "length" if request.chat is None else request.chat.finish_reason
 
 
 def _usage(rnd: EngineRound) -> dict[str, Any]:
@@ -478,16 +531,27 @@ def _usage(rnd: EngineRound) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": rnd.cached_tokens}}
 
 
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
 async def _stream(rnd: EngineRound, request: CompletionRequest, head: dict[str, Any]) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per token, the usage chunk, ``[DONE]``. A
-    client that leaves ends this generator only; the round runs on in the worker."""
+    """Server-sent events: one chunk per token, the usage chunk, ``[DONE]``; a
+    chat stream opens, with its first token, as vLLM's does: a role-only chunk
+    carrying the rendered prompt (``prompt_token_ids``, with ``return_token_ids``).
+    A client that leaves ends this generator only; the round runs on in the worker."""
     sent = 0
     while (token := await rnd.events.get()) is not None:
+        if sent == 0 and request.chat is not None:
+            opening = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                       "finish_reason": None}
+            prompt_ids = request.prompt.tolist() if request.return_token_ids else None
+            yield _event({**head, "choices": [opening], "prompt_token_ids": prompt_ids, "usage": None})
         sent += 1
-        finish_reason = "length" if sent == len(rnd.token_ids) else None
-        yield f"data: {json.dumps({**head, 'choices': [_choice([token], request, finish_reason)], 'usage': None})}\n\n"
+        finish_reason = _finish_reason(request) if sent == len(rnd.token_ids) else None
+        yield _event({**head, "choices": [_choice([token], request, finish_reason, sent - 1)], "usage": None})
     if request.include_usage:
-        yield f"data: {json.dumps({**head, 'choices': [], 'usage': _usage(rnd)})}\n\n"
+        yield _event({**head, "choices": [], "usage": _usage(rnd)})
     yield "data: [DONE]\n\n"
 
 
@@ -496,7 +560,9 @@ async def _reply(rnd: EngineRound, request: CompletionRequest, head: dict[str, A
     token_ids = []
     while (token := await rnd.events.get()) is not None:
         token_ids.append(token)
-    reply = {**head, "choices": [_choice(token_ids, request, "length")], "usage": _usage(rnd)}
+    reply = {**head, "choices": [_choice(token_ids, request, _finish_reason(request))], "usage": _usage(rnd)}
+    if request.chat is not None and request.return_token_ids:
+        reply["prompt_token_ids"] = request.prompt.tolist()
     if rnd.kv_transfer_params is not None:
         reply["kv_transfer_params"] = rnd.kv_transfer_params
     return reply
@@ -533,48 +599,38 @@ def create_app(options: EngineOptions, perf: PerfModel | None = None) -> FastAPI
         except ValueError as exc:
             return RequestError(400, f"body: {exc}", "body").response()
 
-    @app.post("/v1/completions")
-    async def completions(http: Request) -> Response:
+    async def serve(http: Request, chat: bool) -> Response:
         try:
             body = json.loads(await http.body())
         except ValueError:
             return RequestError(400, "body: not valid JSON", "body").response()
+        session_id = http.headers.get(SESSION_ID_HEADER, "")
         try:
-            request = parse_request(body, options.model, options.vocab_size)
+            request = (parse_chat_request(body, options.model, options.vocab_size) if chat
+                       else parse_request(body, options.model, options.vocab_size))
             if options.api_delay_s:
                 await asyncio.sleep(options.api_delay_s * options.time_scale)
             last_round = http.headers.get(LAST_ROUND_HEADER, "").lower() == "true"
-            rnd = engine.submit(request, http.headers.get(SESSION_ID_HEADER, ""), last_round)
+            rnd = engine.submit(request, session_id, last_round)
         except RequestError as exc:
             logger.debug("worker %d refused a request: %d %s", options.worker_id, exc.status, exc.message)
             return exc.response()
-        head = {"id": f"cmpl-{options.worker_id}-{next(request_ids)}", "object": "text_completion",
+        kind = ("chat.completion.chunk" if request.stream else "chat.completion") if chat else "text_completion"
+        head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{options.worker_id}-{next(request_ids)}", "object": kind,
                 "created": int(time.time()), "model": options.model}
         if request.stream:
             return StreamingResponse(_stream(rnd, request, head), media_type="text/event-stream")
         return JSONResponse(await _reply(rnd, request, head))
 
+    @app.post("/v1/completions")
+    async def completions(http: Request) -> Response:
+        return await serve(http, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http: Request) -> Response:
+        return await serve(http, chat=True)
+
     return app
-
-
-def tokenize_body(body: Any, vocab_size: int) -> dict[str, Any]:
-    """The mock's ``POST /tokenize`` (vLLM's shape): UTF-8 bytes as token ids
-    (shifted past 3 special ids, folded into the vocabulary); chat ``messages``
-    rendered as ``<role>: <content>`` lines ending with ``assistant:``. A
-    stand-in tokenizer: only the lengths and determinism matter to the mock.
-
-    Raises:
-        ValueError: neither a string ``prompt`` nor a list of ``messages``.
-    """
-    if isinstance(body, dict) and isinstance(body.get("prompt"), str):
-        text = body["prompt"]
-    elif isinstance(body, dict) and isinstance(body.get("messages"), list):
-        text = "".join(f"{m.get('role')}: {m.get('content')}\n" for m in body["messages"] if isinstance(m, dict))
-        text += "assistant:" if body.get("add_generation_prompt", True) else ""
-    else:
-        raise ValueError("expected a string 'prompt' or a list of 'messages'")
-    tokens = [3 + b % max(1, vocab_size - 3) for b in text.encode()]
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": MAX_TOKENS}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ import logging
 from ampd.core.engine_kinds import EXPORTS_HISTORY
 from ampd.core.view import ClusterView, QueuedTask
 from ampd.policy.routing import remote_prefill_s
+from ampd.serve.chat import PROMPT_CHECK_KEY, prompt_check
 from ampd.serve.context import ReplicaContext
 from ampd.serve.dispatch import PrefillDispatcher
 from ampd.serve.history_export import EXPORT_KEY, ExportRequest, kv_path
@@ -59,7 +60,8 @@ class RemotePrefill:
         decode engine, or falls back to a local recompute.
 
         Raises:
-            ServeError: the prefill engine refused the request as a client error (its 4xx).
+            ServeError: the prefill engine refused the request as a client error
+                (its 4xx), or rendered a chat as another prompt (502, ``chat.prompt_mismatch``).
             StoreUnavailable: the task could not be queued.
         """
         ctx, task = self.ctx, live.task
@@ -69,10 +71,14 @@ class RemotePrefill:
                            ctx.options.replica_id)
         body = engine_body(live.request, ctx.options.model_name, live.request.prompt, 1, stream=False)
         body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False}
+        if live.request.chat:
+            body[PROMPT_CHECK_KEY] = prompt_check(live.request.prompt, live.request.tokenizer_worker)
         exports = EXPORTS_HISTORY[ctx.workers[worker_id].kind] and task.hist_tokens >= max(
             ctx.options.history_read_min_tokens, 1)
-        if exports:
-            body[EXPORT_KEY] = ExportRequest(ctx.workers[task.decode_worker].url, task.hist_tokens).to_dict()
+        if exports:  # a chat body has no prompt ids: the export gets the history's
+            history_ids = list(live.request.prompt[:task.hist_tokens]) if live.request.chat else None
+            body[EXPORT_KEY] = ExportRequest(ctx.workers[task.decode_worker].url, task.hist_tokens,
+                                             history_ids).to_dict()
         elif prefill.reads_history:  # the mock engine is told where the history KV lives
             body["kv_transfer_params"].update(ampd_hist_tokens=task.hist_tokens, ampd_decode_tp=decode.spec.tp,
                                               ampd_decode_server=decode.spec.server)
@@ -95,6 +101,8 @@ class RemotePrefill:
             live.kv_params = message.get("kv_transfer_params") or {}
             if exports:
                 self._note_kv_path(live, worker_id, message)
+        elif message.get("reason") == "prompt-mismatch":
+            raise ServeError(502, message["error"])
         elif is_client_error(message.get("status")):
             raise ServeError(message["status"], f"prefill engine {worker_id} refused the request: {message['error']}")
         elif message.get("reason") == "timeout":

@@ -16,13 +16,22 @@ LAST_ROUND_HEADER = "X-Session-Last-Round"
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
 MAX_SESSION_ID_CHARS = 256
 MAX_TOKEN_ID = 2**31 - 1
-# Fields the coordinator sets itself on engine requests; the rest pass through.
-# ``tools`` goes into the chat template (the tokenize call); ``tool_choice`` and
-# ``parallel_tool_calls`` steer a chat server's parsing of tool calls in the output, which
-# engines serving completions do not do: neither reaches them.
-_OWN_FIELDS = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options",
-               "session_id", "session_end", "return_token_ids", "kv_transfer_params", "prompt_cache_key", "tools",
-               "tool_choice", "parallel_tool_calls"}
+# Fields the coordinator sets itself on engine requests, or that only it reads; the rest
+# pass through to the engines. A chat round is sent to the engines' own chat endpoint
+# (docs/SERVING.md, "Chat and agents"), so everything that steers the chat server
+# (``tools``, ``tool_choice``, ``response_format``, the template's fields) passes; a
+# completion's prompt is token ids, and the chat-only fields have nothing to steer there.
+_COORDINATOR_FIELDS = frozenset({"model", "max_tokens", "max_completion_tokens", "stream", "stream_options",
+                                 "session_id", "session_end", "return_token_ids", "kv_transfer_params",
+                                 "prompt_cache_key"})
+_OWN_FIELDS = {"completions": _COORDINATOR_FIELDS | {"prompt", "messages", "tools", "tool_choice",
+                                                     "parallel_tool_calls"},
+               "chat": _COORDINATOR_FIELDS | {"messages"}}
+# The chat fields that change how a chat template renders the prompt (vLLM's
+# ``TokenizeChatRequest`` takes each): the coordinator's ``/tokenize`` call must see them
+# as the engines' chat endpoints do, or the token ids the policies count are another prompt's.
+TEMPLATE_FIELDS = ("tools", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template",
+                   "chat_template_kwargs")
 
 
 # Unicode categories refused in session ids: controls (C0, C1), format characters (bidi
@@ -135,13 +144,13 @@ def prompt_ids(value: object, field: str = "prompt") -> tuple[int, ...]:
     return tuple(value)
 
 
-def max_tokens_of(body: Mapping) -> int:
-    """``max_tokens`` (or chat's ``max_completion_tokens``), default 16.
+def max_tokens_of(body: Mapping, default: int = DEFAULT_MAX_TOKENS) -> int:
+    """``max_tokens`` (or chat's ``max_completion_tokens``), else ``default``.
 
     Raises:
         ServeError: 400 unless an integer in [1, MAX_TOKENS].
     """
-    value = body.get("max_tokens", body.get("max_completion_tokens", DEFAULT_MAX_TOKENS))
+    value = body.get("max_tokens", body.get("max_completion_tokens", default))
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TOKENS:
         raise _bad(f"max_tokens: must be an integer in [1, {MAX_TOKENS}], got {value!r}")
     return value
@@ -190,19 +199,18 @@ def check_messages(value: object) -> list[dict]:
     return checked
 
 
-def check_tools(body: Mapping) -> dict:
-    """The chat template's extra input: ``{"tools": [...]}`` when the request
-    has tools, else {}.
+def template_fields(body: Mapping) -> dict:
+    """The request's fields that a chat template renders (``TEMPLATE_FIELDS``),
+    for the ``/tokenize`` call; the engine checks their values further (a
+    malformed tool schema is its 400, naming the field).
 
     Raises:
         ServeError: 400 unless ``tools`` is a list of objects.
     """
     tools = body.get("tools")
-    if tools is None:
-        return {}
-    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise _bad("tools: must be a list of tool objects ({\"type\": \"function\", \"function\": {...}})")
-    return {"tools": tools}
+    return {name: body[name] for name in TEMPLATE_FIELDS if body.get(name) is not None}
 
 
 def _content_text(content: object, field: str) -> str:
@@ -219,15 +227,27 @@ def _content_text(content: object, field: str) -> str:
 
 
 def round_request(body: Mapping, headers: Mapping[str, str], prompt: tuple[int, ...] = (),
-                  session_headers: tuple[str, ...] = ()) -> RoundRequest:
+                  session_headers: tuple[str, ...] = (), messages: list[dict] | None = None,
+                  default_max_tokens: int = DEFAULT_MAX_TOKENS) -> RoundRequest:
     """The round a request asks for, every field checked; its prompt in token
     ids (a text or chat prompt is tokenized once the rest is known good, and
     set with ``dataclasses.replace``); its session id "" when it names none
     (``session_key_of``).
 
+    Args:
+        messages: a chat round's checked messages (``check_messages``): the
+            round then goes to the engines' chat endpoint with them and the
+            client's chat fields; None for a completion.
+        default_max_tokens: ``max_tokens`` of a request that gives none.
+
     Raises:
         ServeError: 400 naming the first bad field.
     """
-    params = {k: v for k, v in body.items() if k not in _OWN_FIELDS}
+    chat = messages is not None
+    own = _OWN_FIELDS["chat" if chat else "completions"]
+    params = {k: v for k, v in body.items() if k not in own}
+    if chat:
+        params["messages"] = messages
     session_id, source = session_key_of(body, headers, session_headers)
-    return RoundRequest(session_id or "", prompt, max_tokens_of(body), params, last_round_of(body, headers), source)
+    return RoundRequest(session_id or "", prompt, max_tokens_of(body, default_max_tokens), params,
+                        last_round_of(body, headers), source, chat=chat)

@@ -44,6 +44,12 @@ class RoundRequest:
             hold more: a chat client re-renders the output it was sent); None
             for a session named by the client (the prompt is taken to extend
             all the engine holds).
+        chat: the round goes to the engines' ``/v1/chat/completions`` with
+            ``params`` (its messages included), which render the same prompt
+            as ``prompt`` (checked); else to ``/v1/completions`` with ``prompt``.
+        tokenizer_worker: the engine whose ``/tokenize`` gave ``prompt`` from
+            text or messages (named when an engine renders another prompt); -1
+            for token ids the client sent.
     """
 
     session_id: str
@@ -53,6 +59,8 @@ class RoundRequest:
     last_round: bool = False
     session_source: str = "X-Session-Id"
     matched_tokens: int | None = None
+    chat: bool = False
+    tokenizer_worker: int = -1
 
 
 @dataclass(slots=True)
@@ -92,10 +100,14 @@ class RoundTrace:
 
 
 def engine_body(request: RoundRequest, model: str, prompt: tuple[int, ...], max_tokens: int, stream: bool) -> dict:
-    """The completion request an engine gets for a round (docs/SERVING.md,
-    "Engine API"): the client's other fields, then the coordinator's own."""
-    body = {**request.params, "model": model, "prompt": list(prompt), "max_tokens": max_tokens, "stream": stream,
-            "return_token_ids": True}
+    """The request an engine gets for a round (docs/SERVING.md, "Engine API"):
+    the client's other fields, then the coordinator's own; a chat round's is a
+    chat request (its messages in ``request.params``; ``prompt`` unused: the
+    engine renders it), a completion's carries ``prompt`` as token ids. Engines
+    return token ids (a chat engine also the prompt's, ``prompt_token_ids``)."""
+    body = {**request.params, "model": model, "max_tokens": max_tokens, "stream": stream, "return_token_ids": True}
+    if not request.chat:
+        body["prompt"] = list(prompt)
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
