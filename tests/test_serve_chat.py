@@ -138,3 +138,28 @@ def test_structured_outputs_and_refusals(engine):
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "tool_choice"
     bad = chat(engine, messages=[{"role": "user", "content": "x"}], response_format={"type": "yaml"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format.type"
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": [{"type": "function", "function": "lookup"}]}, "tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": "weather"}}, "tools"),
+    ({"response_format": {"type": "json_schema", "json_schema": "x"}}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"enum": 5}}}], "tool_choice": "required"},
+     "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}}], "tool_choice": "required"}, "tools"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": 5}]}, "messages"),
+])
+def test_the_mock_refuses_malformed_chat_fields_with_a_400_naming_them(engine, body, param):
+    """What a break-it run found answering 500: each a 400 naming the field."""
+    reply = chat(engine, **{"messages": [{"role": "user", "content": "x"}], **body})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param, reply.text
+
+
+def test_a_recursive_schema_gets_a_finite_instance():
+    tree = {"$defs": {"node": {"type": "object", "properties": {
+        "name": {"type": "string"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+        "$ref": "#/$defs/node"}
+    jsonschema.validate(schema_instance(tree), tree)
+    linked = {"type": "object", "properties": {"next": {"$ref": "#"}}}
+    jsonschema.validate(schema_instance(linked), linked)

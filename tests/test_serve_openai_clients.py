@@ -7,6 +7,7 @@ sessions are found")."""
 import asyncio
 import collections
 import json
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -261,3 +262,28 @@ def test_tools_and_tool_messages_pass_and_an_unknown_model_is_openais_404(cluste
     assert reply.usage.completion_tokens == MAX_TOKENS and reply.choices[0].message.content
     assert missing.status_code == 404 and missing.code == "model_not_found" and missing.type == "invalid_request_error"
     assert listed == [MODEL, "agent-model"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_client_that_leaves_mid_stream_frees_its_session(cluster, path):
+    """A streaming client that closes the connection after a few chunks: the
+    round is given back and the session's next round on the same replica is
+    served (it was 409 for good while the replica still counted the round as
+    running). A 409 is retried for up to 30 s: the replica learns of the
+    disconnect only when it next writes to the closed connection."""
+    url, session = cluster.urls[0], f"leaves-{path.rsplit('/', 1)[-1]}"
+    body = ({"messages": [{"role": "user", "content": "tell me more"}]} if "chat" in path
+            else {"prompt": list(range(5, 105))})
+    with httpx.stream("POST", f"{url}{path}", json={**body, "max_tokens": HELD_TOKENS, "stream": True},
+                      headers={"X-Session-Id": session}, timeout=60) as reply:
+        assert reply.status_code == 200
+        for i, _ in enumerate(reply.iter_lines()):
+            if i == 5:
+                break
+    for _ in range(60):
+        again = httpx.post(f"{url}{path}", json={**body, "max_tokens": MAX_TOKENS},
+                           headers={"X-Session-Id": session}, timeout=60)
+        if again.status_code != 409:
+            break
+        time.sleep(0.5)
+    assert again.status_code == 200, again.text

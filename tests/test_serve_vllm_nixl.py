@@ -29,7 +29,6 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
-from prometheus_client.parser import text_string_to_metric_families
 
 from ampd.config import EngineWorker, RunConfig, ServeConfig
 from ampd.profile.engine import connect
@@ -40,6 +39,7 @@ from ampd.serve.nixl_warmup import warm_nixl_pair
 from ampd.serve.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready
 from redis_server import free_port
 from vllm_servers import MODEL_NAME, ROOT, VLLM_PYTHON, VOCAB, running, sse_tokens, tiny_model
+from vllm_servers import engine_counters as _counters, settled_counters as _settled
 
 BLOCK_TOKENS = 32  # ServerSpec's block size
 # tools/tiny_model.py: 2 layers x (K, V) x 2 KV heads x 64 dims x 4 bytes (float32) per token
@@ -98,37 +98,6 @@ def _reference(model_dir: Path, rounds: list[list[int]]) -> list[list[int]]:
     done = subprocess.run([str(VLLM_PYTHON), str(ROOT / "tests" / "hf_greedy.py")], input=json.dumps(job),
                           capture_output=True, text=True, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     return json.loads(done.stdout)[0]
-
-
-def _counters(url: str) -> dict[str, float]:
-    """The engine's counters of interest, summed over its label sets."""
-    wanted = {"vllm:prompt_tokens_by_source": "source", "vllm:nixl_bytes_transferred": None,
-              "vllm:nixl_num_kv_expired_reqs": None, "vllm:nixl_num_failed_transfers": None}
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
-        if family.name not in wanted:
-            continue
-        for sample in family.samples:
-            if sample.name.endswith(("_created", "_bucket", "_count")):
-                continue
-            label = wanted[family.name]
-            key = f"{family.name}:{sample.labels[label]}" if label else sample.name
-            out[key] = out.get(key, 0.0) + sample.value
-    return out
-
-
-def _settled(url: str, quiet_s: float = 1.0, timeout_s: float = 30.0) -> dict[str, float]:
-    """The engine's counters once two reads ``quiet_s`` apart agree: vLLM reports
-    NIXL transfer statistics from its worker a step or more after the transfer."""
-    deadline = time.monotonic() + timeout_s
-    last = _counters(url)
-    while time.monotonic() < deadline:
-        time.sleep(quiet_s)
-        now = _counters(url)
-        if now == last:
-            break
-        last = now
-    return last
 
 
 def _eventually(url: str, key: str, before: float, expected: float, timeout_s: float = 60.0) -> float:

@@ -6,10 +6,13 @@ import contextlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ampd.serve.vllm_launch import ServerSpec, start_server, stop_server, wait_ready
 
@@ -57,3 +60,34 @@ def sse_tokens(sse: str) -> list[int]:
             for choice in event.get("choices", []):
                 ids.extend(choice.get("token_ids") or [])
     return ids
+
+
+def engine_counters(url: str) -> dict[str, float]:
+    """The engine's counters of interest, summed over its label sets."""
+    wanted = {"vllm:prompt_tokens_by_source": "source", "vllm:nixl_bytes_transferred": None,
+              "vllm:nixl_num_kv_expired_reqs": None, "vllm:nixl_num_failed_transfers": None}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        if family.name not in wanted:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_created", "_bucket", "_count")):
+                continue
+            label = wanted[family.name]
+            key = f"{family.name}:{sample.labels[label]}" if label else sample.name
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def settled_counters(url: str, quiet_s: float = 1.0, timeout_s: float = 30.0) -> dict[str, float]:
+    """The engine's counters once two reads ``quiet_s`` apart agree: vLLM reports
+    NIXL transfer statistics from its worker a step or more after the transfer."""
+    deadline = time.monotonic() + timeout_s
+    last = engine_counters(url)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = engine_counters(url)
+        if now == last:
+            break
+        last = now
+    return last

@@ -60,11 +60,56 @@ def build_tokenizer():
     )
 
 
-def write_tokenizer(out_dir: Path) -> None:
-    """Save ``build_tokenizer()`` to ``out_dir``, its chat template inside
+# The byte-level tokenizer's template (``--tokenizer bytes``): agents' chats as vLLM renders
+# them. A ``tools: <JSON>`` line when the request has tools; one ``<role>: <content>`` line a
+# message, an assistant's tool calls after its content as
+# ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` (vLLM hands a template the arguments
+# as an object or as the client's string: either is written as JSON once); the reply after
+# ``assistant: ``. Newlines are written as expressions: transformers renders templates with
+# ``trim_blocks``, which drops a newline that follows a block tag.
+AGENT_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}tools: {{ tools | tojson }}{{ '\\n' }}{% endif %}"
+    "{% for message in messages %}{{ message['role'] }}: "
+    "{% if message['content'] is string %}{{ message['content'] }}{% endif %}"
+    "{% for call in message.get('tool_calls') or [] %}<tool_call>{\"name\": {{ call['function']['name'] | tojson }}, "
+    "\"arguments\": {% if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}"
+    "{% else %}{{ call['function']['arguments'] | tojson }}{% endif %}}</tool_call>{% endfor %}{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+)
+TOKENIZERS = ("words", "bytes")
+
+
+def build_byte_tokenizer():
+    """A byte-level BPE fast tokenizer with no merges: every UTF-8 byte one
+    token (ids 3..258 after ``<unk>``, ``<s>``, ``</s>``), so any text, JSON
+    included, can be spelled and structured outputs can be enforced on it;
+    ``AGENT_CHAT_TEMPLATE``. Built offline: no training data."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({char: len(SPECIAL_TOKENS) + i for i, char in enumerate(sorted(alphabet))})
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        model_max_length=MAX_POSITIONS,
+        chat_template=AGENT_CHAT_TEMPLATE,
+    )
+
+
+def write_tokenizer(out_dir: Path, kind: str = "words") -> None:
+    """Save the tokenizer (``build_tokenizer()``, or ``build_byte_tokenizer()``
+    for ``kind`` "bytes") to ``out_dir``, its chat template inside
     tokenizer_config.json (not a separate chat_template.jinja), where every
     reader of the model, older transformers included, looks for it."""
-    build_tokenizer().save_pretrained(out_dir, save_jinja_files=False)
+    tokenizer = build_byte_tokenizer() if kind == "bytes" else build_tokenizer()
+    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
 
 
 def build_model(seed: int):
@@ -124,11 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", choices=TOKENIZERS, default="words",
+                        help="words: w3..w2047 (exact lengths); bytes: byte-level, spells JSON (agents, tools)")
     args = parser.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     model = build_model(args.seed)
     model.save_pretrained(args.out_dir, safe_serialization=True)
-    write_tokenizer(args.out_dir)
+    write_tokenizer(args.out_dir, args.tokenizer)
     prompt = [(7 * i + 3) % (VOCAB_SIZE - 3) + 3 for i in range(40)]
     tokens, margin = greedy_check(model, prompt, 16)
     print(f"greedy check: {tokens} (smallest top-2 logit margin {margin:.3f})")

@@ -355,6 +355,14 @@ class ServeConfig(_Strict):
     nixl_progress_delay_us: int = Field(1000, ge=0, description=(
         "vllm-nixl, ampd up: NIXL progress-thread poll timeout (0: NIXL's busy polling, one core per idle engine)"))
     nixl_ucx_tls: str = Field("", description="vllm-nixl, ampd up: UCX_TLS of the engines (empty: UCX's choice)")
+    tool_call_parser: str = Field("", description=(
+        "ampd up, vLLM engines: --enable-auto-tool-choice --tool-call-parser NAME on every engine (empty: no tool "
+        "parsing); chat rounds go to the engines' chat endpoint, which parses the calls (docs/AGENTS.md)"))
+    reasoning_parser: str = Field("", description="ampd up, vLLM engines: --reasoning-parser NAME on every engine")
+    structured_outputs: dict[str, str | bool | int] = Field({}, description=(
+        "ampd up, vLLM engines: --structured-outputs-config of every engine, vLLM's own keys (e.g. {backend = "
+        "\"xgrammar\", disable_any_whitespace = true}), which enforce response_format and forced tool calls "
+        "(empty: vLLM's defaults)"))
     mock_kv_fail_rate: float = Field(0.0, ge=0, le=1, description="ampd up, mock engines: probability that a "
                                                                     "decode engine fails to load a remote "
                                                                     "prefill's KV (fault injection)")

@@ -105,9 +105,8 @@ def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, lim
         messages = check_messages(body.get("messages"))
         template = template_fields(body)
         round_req = round_request(body, request.headers, session_headers=session_headers, messages=messages,
-                                  default_max_tokens=limits.chat_max_tokens)
-        ids, tokenizer = await _tokenize(coordinator, {"messages": messages, "add_generation_prompt":
-                                                       not template.get("continue_final_message"), **template})
+                                  template=template, default_max_tokens=limits.chat_max_tokens)
+        ids, tokenizer = await _tokenize(coordinator, {"messages": messages, **template})
         return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids, tokenizer_worker=tokenizer), scope,
                             stream, body)
 

@@ -249,9 +249,11 @@ class Coordinator:
             self.ctx.metrics.round_failures.labels("disconnect").inc()
             raise
         finally:
-            if not done:
-                await self.sessions.give_back(session_id)
-            self._active.discard(session_id)
+            try:
+                if not done:  # shielded: a client that left cancels this task again while it gives back
+                    await asyncio.shield(self.sessions.give_back(session_id))
+            finally:
+                self._active.discard(session_id)
 
     async def _prepare(self, request: RoundRequest, scope: str, trace: RoundTrace) -> LiveRound:
         now_s = self.ctx.clock.now_s()

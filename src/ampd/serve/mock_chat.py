@@ -103,39 +103,63 @@ def tokenize_body(body: Any, vocab_size: int) -> dict[str, Any]:
     return {"tokens": tokens, "count": len(tokens), "max_model_len": MAX_TOKENS}
 
 
-def schema_instance(schema: Any, root: Any = None) -> Any:
+MAX_SCHEMA_DEPTH = 32  # [our choice] deeper than tool schemas nest; stops a $ref loop
+# [our choice] Above this depth an array gets one item and an object every property; deeper,
+# only minItems items and the required properties, so that a recursive schema ends.
+FULL_DEPTH = 4
+
+
+def schema_instance(schema: Any, root: Any = None, depth: int = 0) -> Any:
     """A deterministic value that satisfies a JSON schema of the kinds tool
     parameters and structured outputs use: ``$ref`` to ``#/$defs`` or
     ``#/definitions``, ``const``, ``enum`` (its first value), ``anyOf`` /
-    ``oneOf`` (the first branch), objects (every property), arrays (``minItems``
-    items, at least one), strings (``minLength``, at most ``maxLength``),
+    ``oneOf`` (the first branch), objects (every property; below ``FULL_DEPTH``
+    levels the required ones), arrays (``minItems`` items; one where it allows
+    none, above ``FULL_DEPTH``: a recursive schema ends), strings (``minLength``, at most ``maxLength``),
     integers and numbers (``minimum``, else just above ``exclusiveMinimum``,
     else 1; at most ``maximum``), booleans (true), null.
 
     Raises:
-        ChatRequestError: a ``$ref`` that does not resolve in the schema.
+        ChatRequestError: a ``$ref`` that does not resolve in the schema, a
+            schema nested deeper than ``MAX_SCHEMA_DEPTH`` (a reference loop), or
+            a keyword of the wrong type.
     """
     root = schema if root is None else root
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ChatRequestError(f"schema: nested deeper than {MAX_SCHEMA_DEPTH} levels (a $ref loop?)", "tools")
     if not isinstance(schema, dict):
         return {}
+    try:
+        return _instance(schema, root, depth)
+    except ChatRequestError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+        raise ChatRequestError(f"schema: a keyword of the wrong type ({type(exc).__name__}: {exc})", "tools") from None
+
+
+def _instance(schema: dict, root: Any, depth: int) -> Any:
+    below = depth + 1
     if "$ref" in schema:
-        return schema_instance(_resolve(schema["$ref"], root), root)
+        return schema_instance(_resolve(schema["$ref"], root), root, below)
     if "const" in schema:
         return schema["const"]
     if schema.get("enum"):
         return schema["enum"][0]
     for key in ("anyOf", "oneOf", "allOf"):
         if schema.get(key):
-            return schema_instance(schema[key][0], root)
+            return schema_instance(schema[key][0], root, below)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind is None:
         kind = "object" if "properties" in schema else "string"
     if kind == "object":
-        return {name: schema_instance(sub, root) for name, sub in (schema.get("properties") or {}).items()}
+        required = set(schema.get("required") or ())
+        return {name: schema_instance(sub, root, below) for name, sub in (schema.get("properties") or {}).items()
+                if depth < FULL_DEPTH or name in required}
     if kind == "array":
-        return [schema_instance(schema.get("items", {}), root)] * max(1, int(schema.get("minItems", 1)))
+        count = int(schema.get("minItems", 1 if depth < FULL_DEPTH else 0))
+        return [schema_instance(schema.get("items", {}), root, below)] * count if count > 0 else []
     if kind == "string":
         low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
         text = "v" * max(low, 3)
@@ -151,7 +175,9 @@ def schema_instance(schema: Any, root: Any = None) -> Any:
 
 def _resolve(ref: str, root: Any) -> Any:
     node = root
-    if not ref.startswith("#/"):
+    if ref == "#":
+        return root
+    if not isinstance(ref, str) or not ref.startswith("#/"):
         raise ChatRequestError(f"$ref {ref!r}: only local references (#/...) are supported", "tools")
     for part in ref[2:].split("/"):
         if not isinstance(node, dict) or part not in node:
@@ -180,7 +206,9 @@ class ChatReplyPlan:
 def _tool_choice(body: dict) -> tuple[dict | None, bool]:
     """The tool to call (None: no call), and whether it was named."""
     tools = [t for t in body.get("tools") or () if isinstance(t, dict)]
-    choice = body.get("tool_choice", "auto" if tools else "none")
+    choice = body.get("tool_choice")
+    if choice is None:  # absent or null: OpenAI's default
+        choice = "auto" if tools else "none"
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         named = next((t for t in tools if (t.get("function") or {}).get("name") == name), None)

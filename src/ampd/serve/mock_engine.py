@@ -253,14 +253,20 @@ def parse_chat_request(body: Any, model: str, vocab_size: int) -> CompletionRequ
         raise RequestError(404, f"The model `{body['model']}` does not exist.", "model")
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise RequestError(400, "messages: must be a non-empty list", "messages")
-    prompt = tokenize_text(render_chat(body), vocab_size)
-    max_tokens = _field(body, "max_tokens", int, _field(body, "max_completion_tokens", int, 16))
+    max_tokens = _field(body, "max_completion_tokens", int, _field(body, "max_tokens", int, 16))
     if max_tokens < 1:
         raise RequestError(400, f"max_tokens: must be >= 1, got {max_tokens}", "max_tokens")
+    try:
+        prompt = tokenize_text(render_chat(body), vocab_size)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a message of another shape
+        raise RequestError(400, f"messages: cannot be rendered ({type(exc).__name__}: {exc})", "messages") from None
     try:
         plan = plan_reply(body, prompt, max_tokens)
     except ChatRequestError as exc:
         raise RequestError(400, str(exc), exc.param) from None
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a field of another shape
+        raise RequestError(400, f"tools, tool_choice or response_format: malformed ({type(exc).__name__}: {exc})",
+                           "tools") from None
     output_ids = tuple(tokenize_text(plan.text, vocab_size))
     stream_options = _field(body, "stream_options", dict, {})
     return CompletionRequest(np.asarray(prompt, dtype=np.int32), len(output_ids), _field(body, "stream", bool, False),

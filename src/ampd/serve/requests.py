@@ -145,12 +145,17 @@ def prompt_ids(value: object, field: str = "prompt") -> tuple[int, ...]:
 
 
 def max_tokens_of(body: Mapping, default: int = DEFAULT_MAX_TOKENS) -> int:
-    """``max_tokens`` (or chat's ``max_completion_tokens``), else ``default``.
+    """Chat's ``max_completion_tokens``, else ``max_tokens``, else ``default``
+    (a null is absent).
 
     Raises:
         ServeError: 400 unless an integer in [1, MAX_TOKENS].
     """
-    value = body.get("max_tokens", body.get("max_completion_tokens", default))
+    value = body.get("max_completion_tokens")
+    if value is None:  # OpenAI's newer name first, as vLLM reads them; null is absent
+        value = body.get("max_tokens")
+    if value is None:
+        value = default
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_TOKENS:
         raise _bad(f"max_tokens: must be an integer in [1, {MAX_TOKENS}], got {value!r}")
     return value
@@ -191,6 +196,7 @@ def check_messages(value: object) -> list[dict]:
     for i, message in enumerate(value):
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
             raise _bad(f"messages[{i}]: must be an object with a string role and a content")
+        _check_tool_calls(message.get("tool_calls"), f"messages[{i}].tool_calls")
         content = message.get("content")
         if content is None and message["role"] == "assistant" and message.get("tool_calls"):
             checked.append({**message, "content": None})
@@ -199,18 +205,49 @@ def check_messages(value: object) -> list[dict]:
     return checked
 
 
-def template_fields(body: Mapping) -> dict:
-    """The request's fields that a chat template renders (``TEMPLATE_FIELDS``),
-    for the ``/tokenize`` call; the engine checks their values further (a
-    malformed tool schema is its 400, naming the field).
+def _check_tool_calls(calls: object, field: str) -> None:
+    """An assistant's ``tool_calls``: a list of ``{"function": {"name": str,
+    "arguments": str}}`` objects (OpenAI's shape; a template renders them).
 
     Raises:
-        ServeError: 400 unless ``tools`` is a list of objects.
+        ServeError: 400 naming the first bad call.
+    """
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise _bad(f"{field}: must be a list of tool calls")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(function, dict) and isinstance(function.get("name"), str)
+                and isinstance(function.get("arguments", ""), str)):
+            raise _bad(f"{field}[{j}]: must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\": str, "
+                       "\"arguments\": str}}}}")
+
+
+def template_fields(body: Mapping) -> dict:
+    """The request's fields that a chat template renders (``TEMPLATE_FIELDS``),
+    for the ``/tokenize`` call and the engines alike, ``add_generation_prompt``
+    always stated (default: true unless ``continue_final_message``); the engine
+    checks the values further (a malformed tool schema is its 400, naming the
+    field).
+
+    Raises:
+        ServeError: 400 unless ``tools`` is a list of objects and the two
+            generation flags are booleans, not both true.
     """
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise _bad("tools: must be a list of tool objects ({\"type\": \"function\", \"function\": {...}})")
-    return {name: body[name] for name in TEMPLATE_FIELDS if body.get(name) is not None}
+    fields = {name: body[name] for name in TEMPLATE_FIELDS if body.get(name) is not None}
+    for name in ("add_generation_prompt", "continue_final_message"):
+        if not isinstance(fields.get(name, False), bool):
+            raise _bad(f"{name}: must be true or false, got {fields[name]!r}")
+    if fields.get("add_generation_prompt") and fields.get("continue_final_message"):
+        raise _bad("add_generation_prompt, continue_final_message: not both true (the reply either opens a new "
+                   "assistant message or continues the last one)")
+    # Stated, not left to each side's default: the engines render what /tokenize rendered.
+    fields["add_generation_prompt"] = fields.get("add_generation_prompt", not fields.get("continue_final_message"))
+    return fields
 
 
 def _content_text(content: object, field: str) -> str:
@@ -228,7 +265,7 @@ def _content_text(content: object, field: str) -> str:
 
 def round_request(body: Mapping, headers: Mapping[str, str], prompt: tuple[int, ...] = (),
                   session_headers: tuple[str, ...] = (), messages: list[dict] | None = None,
-                  default_max_tokens: int = DEFAULT_MAX_TOKENS) -> RoundRequest:
+                  template: Mapping | None = None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> RoundRequest:
     """The round a request asks for, every field checked; its prompt in token
     ids (a text or chat prompt is tokenized once the rest is known good, and
     set with ``dataclasses.replace``); its session id "" when it names none
@@ -238,6 +275,8 @@ def round_request(body: Mapping, headers: Mapping[str, str], prompt: tuple[int, 
         messages: a chat round's checked messages (``check_messages``): the
             round then goes to the engines' chat endpoint with them and the
             client's chat fields; None for a completion.
+        template: a chat round's ``template_fields``, sent to the engines as
+            they were to ``/tokenize``.
         default_max_tokens: ``max_tokens`` of a request that gives none.
 
     Raises:
@@ -247,7 +286,7 @@ def round_request(body: Mapping, headers: Mapping[str, str], prompt: tuple[int, 
     own = _OWN_FIELDS["chat" if chat else "completions"]
     params = {k: v for k, v in body.items() if k not in own}
     if chat:
-        params["messages"] = messages
+        params.update(template or {}, messages=messages)
     session_id, source = session_key_of(body, headers, session_headers)
     return RoundRequest(session_id or "", prompt, max_tokens_of(body, default_max_tokens), params,
                         last_round_of(body, headers), source, chat=chat)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Literal
 from ampd.core.errors import AmpdError, InputError
 
 if TYPE_CHECKING:
-    from ampd.config import RunConfig
+    from ampd.config import RunConfig, ServeConfig
 
 Role = Literal["prefill", "decode", "single"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "single")
@@ -368,10 +368,26 @@ def server_command(config: RunConfig, role: Role, port: int, log_dir: Path) -> t
     spec = ServerSpec(role=role, python=Path(serve.vllm_python), model_dir=Path(serve.vllm_model), port=port,
                       connector=connector, served_model_name=serve.served_model or config.cluster.model,
                       max_model_len=serve.vllm_max_model_len, max_num_batched_tokens=config.policy.chunk_tokens,
-                      shm_recheck_ms=serve.vllm_shm_recheck_ms)
+                      shm_recheck_ms=serve.vllm_shm_recheck_ms, extra_args=chat_server_args(serve))
     if isinstance(connector, ExampleConnector):
         Path(connector.storage_path).mkdir(parents=True, exist_ok=True)
     return server_argv(spec), server_env(spec)
+
+
+def chat_server_args(serve: ServeConfig) -> tuple[str, ...]:
+    """The flags that make a vLLM server's chat endpoint parse tool calls and
+    reasoning and enforce structured outputs, from ``serve.tool_call_parser``,
+    ``reasoning_parser`` and ``structured_outputs``: the same on every
+    engine, since prefill and decode engines must render and parse a chat alike
+    (docs/SERVING.md, "Chat and agents")."""
+    args: list[str] = []
+    if serve.tool_call_parser:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", serve.tool_call_parser]
+    if serve.reasoning_parser:
+        args += ["--reasoning-parser", serve.reasoning_parser]
+    if serve.structured_outputs:
+        args += ["--structured-outputs-config", json.dumps(serve.structured_outputs, separators=(",", ":"))]
+    return tuple(args)
 
 
 def nixl_connector(config: RunConfig, role: Role, side_channel_port: int) -> NixlConnector:
