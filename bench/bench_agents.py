@@ -19,7 +19,6 @@ Run: ``python bench/bench_agents.py`` -> ``bench/results/agents.json``.
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
-from common import write_result  # noqa: E402
+from common import stream_round, write_result  # noqa: E402
 
 from ampd.config import RunConfig, load_config, override  # noqa: E402
 from ampd.serve.mock_chat import MOCK_TOOL_ROUNDS  # noqa: E402
@@ -46,28 +45,13 @@ TOOLS = [{"type": "function", "function": {"name": name, "description": "a tool"
 MESSAGES = [{"role": "system", "content": "You are an agent. " * 20}, {"role": "user", "content": "Weather?"}]
 
 
-async def _ttft(client: httpx.AsyncClient, url: str, path: str, body: dict) -> tuple[float, int]:
-    """(TTFT in wall seconds, tokens) of one streamed request on a fresh session."""
-    start, first, tokens = time.perf_counter(), None, 0
-    async with client.stream("POST", f"{url}{path}", json=body,
-                             headers={"X-Session-Id": uuid.uuid4().hex}) as reply:
-        reply.raise_for_status()
-        async for line in reply.aiter_lines():
-            if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                ids = (json.loads(line[5:]).get("choices") or [{}])[0].get("token_ids") or []
-                if ids and first is None:
-                    first = time.perf_counter() - start
-                tokens += len(ids)
-    return first, tokens
-
-
 async def _overhead(coordinator: str, engine: str) -> dict:
     model = CLUSTER["model"]
     async with httpx.AsyncClient(timeout=60) as client:
         rendered = (await client.post(f"{engine}/tokenize", json={"messages": MESSAGES, "tools": TOOLS})).json()
         chat = {"model": model, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required", "max_tokens": 128,
                 "stream": True, "return_token_ids": True}
-        _, call_tokens = await _ttft(client, engine, "/v1/chat/completions", chat)
+        _, _, call_tokens = await stream_round(client, engine, "/v1/chat/completions", chat, uuid.uuid4().hex)
         completion = {"model": model, "prompt": [5 + i % 90 for i in range(rendered["count"])],
                       "max_tokens": call_tokens, "stream": True, "return_token_ids": True}
         figures = {}
@@ -75,8 +59,8 @@ async def _overhead(coordinator: str, engine: str) -> dict:
                                  ("completions", "/v1/completions", completion)):
             direct, through = [], []
             for _ in range(ROUNDS):
-                direct.append((await _ttft(client, engine, path, body))[0])
-                through.append((await _ttft(client, coordinator, path, body))[0])
+                direct.append((await stream_round(client, engine, path, body, uuid.uuid4().hex))[0])
+                through.append((await stream_round(client, coordinator, path, body, uuid.uuid4().hex))[0])
             figures[kind] = {"rounds": ROUNDS, "prompt_tokens": rendered["count"], "output_tokens": call_tokens,
                              "ttft_direct_median_ms": 1e3 * statistics.median(direct),
                              "ttft_coordinator_median_ms": 1e3 * statistics.median(through),

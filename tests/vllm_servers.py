@@ -23,14 +23,16 @@ VOCAB = range(3, 2048)  # the tiny model's ordinary tokens (0-2 are special)
 READY_TIMEOUT_S = 400  # a server starts in 30-60 s on 2 idle cores; several at once, under load, far slower
 
 
-def tiny_model(work: Path) -> Path:
-    """Write tools/tiny_model.py's model into ``work/model``; fail the test when
-    there is no vLLM interpreter."""
+def tiny_model(work: Path, tokenizer: str = "words") -> Path:
+    """Write tools/tiny_model.py's model into ``work/model`` (``tokenizer``
+    "bytes": the byte-level one, which spells JSON); fail the test when there is
+    no vLLM interpreter."""
     if not VLLM_PYTHON.exists():
         pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make test` (it builds .venv-vllm), "
                     "or set AMPD_VLLM_PYTHON")
     model_dir = work / "model"
-    subprocess.run([str(VLLM_PYTHON), str(ROOT / "tools" / "tiny_model.py"), str(model_dir)], check=True,
+    subprocess.run([str(VLLM_PYTHON), str(ROOT / "tools" / "tiny_model.py"), str(model_dir), "--tokenizer", tokenizer],
+                   check=True,
                    env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True)
     return model_dir
 

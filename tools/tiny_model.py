@@ -30,6 +30,9 @@ MAX_POSITIONS = 4096
 INIT_RANGE = 0.08
 LM_HEAD_SCALE = 8.0
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
+# The byte tokenizer's reasoning markers, one token each (ids 259, 260), as vLLM's deepseek_r1
+# reasoning parser requires of a vocabulary; ordinary (not special) tokens, so they stay in text.
+THINK_TOKENS = ("<think>", "</think>")
 # One line per message, "role: content", after the BOS token; the generation prompt
 # opens the assistant's line. Words outside the vocabulary (roles, English) are <unk>:
 # the model is for exercising servers, not for text.
@@ -43,20 +46,27 @@ def build_tokenizer():
     """A word-level fast tokenizer over a fixed vocabulary of VOCAB_SIZE ids, with
     ``CHAT_TEMPLATE``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), VOCAB_SIZE)})
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return _fast_tokenizer(core, CHAT_TEMPLATE)
+
+
+def _fast_tokenizer(core, chat_template: str):
+    """``core`` (a ``tokenizers.Tokenizer``) as a transformers fast tokenizer
+    with ``SPECIAL_TOKENS`` and ``chat_template``."""
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
         unk_token="<unk>",
         bos_token="<s>",
         eos_token="</s>",
         model_max_length=MAX_POSITIONS,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
     )
 
 
@@ -83,9 +93,9 @@ def build_byte_tokenizer():
     """A byte-level BPE fast tokenizer with no merges: every UTF-8 byte one
     token (ids 3..258 after ``<unk>``, ``<s>``, ``</s>``), so any text, JSON
     included, can be spelled and structured outputs can be enforced on it;
-    ``AGENT_CHAT_TEMPLATE``. Built offline: no training data."""
+    then ``THINK_TOKENS``; ``AGENT_CHAT_TEMPLATE``. Built offline: no training
+    data."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
@@ -93,14 +103,9 @@ def build_byte_tokenizer():
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        model_max_length=MAX_POSITIONS,
-        chat_template=AGENT_CHAT_TEMPLATE,
-    )
+    tokenizer = _fast_tokenizer(core, AGENT_CHAT_TEMPLATE)
+    tokenizer.add_tokens(list(THINK_TOKENS))
+    return tokenizer
 
 
 def write_tokenizer(out_dir: Path, kind: str = "words") -> None:

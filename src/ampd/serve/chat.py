@@ -117,14 +117,15 @@ class ChatReply:
         call["function"]["arguments"] += function.get("arguments") or ""
 
     def choice(self, max_tokens: int) -> dict:
-        """The reply's choice: ``message`` (``content`` None beside tool calls,
-        as OpenAI sends it), ``finish_reason`` (the engine's; "length" or
+        """The reply's choice: ``message`` (``content`` None where the reply is
+        all tool calls, as OpenAI sends it, or all reasoning, as vLLM does; ""
+        where it is nothing), ``finish_reason`` (the engine's; "length" or
         "stop" by the token count when it gave none), ``token_ids``."""
         message: dict = {"role": "assistant", "content": self._text.get("content")}
         message.update({name: text for name, text in self._text.items() if name != "content"})
         if self._calls:
             message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
-        elif message["content"] is None:
+        elif message["content"] is None and len(message) == 2:  # no reasoning either
             message["content"] = ""
         finish = self.finish_reason or ("length" if len(self.token_ids) >= max_tokens else "stop")
         return {"index": 0, "message": message, "logprobs": {"content": self._logprobs} if self._logprobs else None,

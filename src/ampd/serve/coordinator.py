@@ -203,7 +203,7 @@ class Coordinator:
         if match is None:
             match = HistoryMatch(new_session_id(), 0)
         self.ctx.decide("infer", {"session_id": match.session_id, "matched_tokens": match.matched_tokens,
-                                  "prompt_tokens": len(request.prompt)})
+                                  "prompt_tokens": len(request.prompt), "diverged": match.diverged})
         return dataclasses.replace(request, session_id=match.session_id, matched_tokens=match.matched_tokens)
 
     async def _open(self, request: RoundRequest, scope: str) -> tuple[RoundTrace, AsyncIterator[Chunk]]:
@@ -240,7 +240,8 @@ class Coordinator:
             await self.sessions.finish(session_id, trace.decode_worker, len(request.prompt) + len(output),
                                        request.last_round, self.batches.slack_after(live))
             if request.session_source == FROM_PROMPT and not request.last_round:
-                await self.ctx.store_call(self.histories.record(session_id, scope, request.prompt, output))
+                await self.ctx.store_call(self.histories.record(session_id, scope, request.prompt, output,
+                                                                trace.round_index))
             done = True
         except ServeError as err:
             self.ctx.metrics.round_failures.labels("client" if err.status < 500 else "server").inc()

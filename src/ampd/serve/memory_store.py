@@ -35,7 +35,7 @@ class MemoryStore:
         self._leases: dict[int, str] = {}
         self._handlers: dict[str, ResultHandler] = {}
         self._history: dict[str, list[HistoryEntry]] = {}  # prefix key -> entries, oldest first
-        self._history_key: dict[str, str] = {}  # session -> its entry's key
+        self._history_keys: dict[str, list[tuple[str, int]]] = {}  # session -> (key, round) of its entries, oldest first
         self._window_s = window_s
 
     async def ping(self) -> None:
@@ -96,24 +96,36 @@ class MemoryStore:
             self._unindex(session_id)
 
     def _unindex(self, session_id: str) -> None:
-        key = self._history_key.pop(session_id, None)
-        if key is None:
-            return
-        kept = [e for e in self._history[key] if e.session_id != session_id]
+        for key in {key for key, _ in self._history_keys.pop(session_id, ())}:
+            self._filter_history(key, lambda e: e.session_id != session_id)
+
+    def _filter_history(self, key: str, keep) -> None:
+        kept = [e for e in self._history.get(key, ()) if keep(e)]
         if kept:
             self._history[key] = kept
         else:
-            del self._history[key]
+            self._history.pop(key, None)
 
-    async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int) -> bool:
+    async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int,
+                            max_entries_per_session: int) -> bool:
         if session_id not in self._sessions:
             return False
-        self._unindex(session_id)
+        mine = self._history_keys.setdefault(session_id, [])
+        for old_key in {k for k, _ in mine}:  # its earlier entries are its latest no more
+            self._history[old_key] = [dataclasses.replace(e, latest=False) if e.session_id == session_id else e
+                                      for e in self._history[old_key]]
+        while len(mine) >= max_entries_per_session:
+            old_key, old_round = mine.pop(0)
+            self._filter_history(old_key, lambda e: (e.session_id, e.round_index) != (session_id, old_round))
         entries = self._history.setdefault(key, [])
         while len(entries) >= max_entries_per_key:
-            self._history_key.pop(entries.pop(0).session_id, None)
+            gone = entries.pop(0)
+            theirs = self._history_keys[gone.session_id]
+            theirs.remove((key, gone.round_index))
+            if not theirs:
+                del self._history_keys[gone.session_id]
         entries.append(entry)
-        self._history_key[session_id] = key
+        self._history_keys.setdefault(session_id, mine).append((key, entry.round_index))
         return True
 
     async def history_entries(self, keys: list[str]) -> list[list[HistoryEntry]]:

@@ -9,17 +9,28 @@ hashed in a chain, as vLLM's prefix cache does: hash k covers tokens
 starts from the client's scope (its API key's fingerprint), so a client never
 finds a session of another key.
 
-**Index.** One entry per session, filed under the chain hash of the
-block-aligned part of its last round's prompt (the first
-``floor(prompt / block) * block`` tokens); the entry holds the exact lengths of
-that prompt and of the prompt followed by the round's output (what the decode
-engine's KV holds), each with a hash of its tokens after the key. A lookup
-hashes the new prompt's blocks, reads every key they name in one store round
-trip, and checks each entry found against the new prompt's own tokens: a match
-is a whole history that the new prompt strictly extends, never a shared block
-alone, so sessions that share a system prompt are not pinned to one engine (a
-prompt that extends no history starts a new session, bound by free KV as any).
-Of several matches the longest wins (ties: the smallest session id).
+**Index.** One entry per round of a session (its last
+``MAX_ENTRIES_PER_SESSION``), filed under the chain hash of the block-aligned
+part of the round's prompt (the first ``floor(prompt / block) * block``
+tokens); the entry holds the exact lengths of that prompt and of the prompt
+followed by the round's output (what the decode engine's KV held after it),
+each with a hash of its tokens after the key. A lookup hashes the new prompt's
+blocks, reads every key they name in one store round trip, and checks each entry
+found against the new prompt's own tokens: a match is a whole round's history
+that the new prompt strictly extends, never a shared block alone, so sessions
+that share a system prompt are not pinned to one engine (a prompt that extends
+no history starts a new session, bound by free KV as any). Of several matches
+the longest wins; ties go to a session's latest round, then to the smallest
+session id.
+
+**Diverged histories.** A client that edits an earlier turn, or a template that
+re-renders one differently, sends a prompt that extends an earlier round of its
+session but not the latest: it continues the session from that round's history
+(``HistoryMatch.diverged``), the longest common prefix the index can verify, and
+the engines reuse what their KV holds of it and recompute the rest (vLLM's prefix
+cache matches whole blocks by content: never KV of other tokens). What an engine
+reuses may go beyond the match, to the block where the edit begins; the
+coordinator counts only what it verified.
 
 Clients that send text (chat) re-tokenize the model's reply, which need not
 give the ids it generated: the prompt-level entry finds them. Clients that
@@ -43,6 +54,10 @@ TOKEN_BYTES = 4  # token ids are checked to fit [0, 2^31) (requests.py)
 # same block boundary); beyond, the oldest is dropped from the index, so a lookup decodes a
 # bounded list whatever the traffic.
 MAX_ENTRIES_PER_KEY = 64
+# [our choice] A session keeps entries for its last this many rounds: a client that edits a
+# turn further back starts a new session (bounded index whatever the sessions' lengths; agent
+# sessions in the traces we replay run 2-20 rounds).
+MAX_ENTRIES_PER_SESSION = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +67,14 @@ class HistoryMatch:
     Attributes:
         session_id: the session.
         matched_tokens: length of its history that the prompt starts with, tokens.
+        diverged: the match is an earlier round's history, not the session's
+            latest (an edited turn): the decode engine holds other tokens after
+            ``matched_tokens``.
     """
 
     session_id: str
     matched_tokens: int
+    diverged: bool = False
 
 
 def token_bytes(tokens: Sequence[int]) -> bytes:
@@ -105,20 +124,23 @@ class HistoryIndex:
         data = token_bytes(prompt)
         hashes = chain_hashes(data, self.block_tokens, scope)
         found = await self.store.history_entries([h.hex() for h in hashes])
-        best: HistoryMatch | None = None
+        best, best_rank = None, None
         for block, entries in enumerate(found):
             start = (block + 1) * self.block_tokens
             for entry in entries:
                 tokens = _extends(data, hashes[block], start, entry)
-                if tokens and (best is None or (-tokens, entry.session_id) < (-best.matched_tokens, best.session_id)):
-                    best = HistoryMatch(entry.session_id, tokens)
+                rank = (-tokens, not entry.latest, entry.session_id)
+                if tokens and (best_rank is None or rank < best_rank):
+                    best, best_rank = HistoryMatch(entry.session_id, tokens, not entry.latest), rank
         return best
 
-    async def record(self, session_id: str, scope: str, prompt: Sequence[int], output: Sequence[int]) -> bool:
-        """File the history of ``session_id`` after a round: its prompt, and the
-        prompt followed by ``output`` (the ids the decode engine generated).
-        False when not filed: a prompt shorter than one block (nothing worth
-        finding), or a session that ended meanwhile.
+    async def record(self, session_id: str, scope: str, prompt: Sequence[int], output: Sequence[int],
+                     round_index: int) -> bool:
+        """File the history of ``session_id`` after round ``round_index``: its
+        prompt, and the prompt followed by ``output`` (the ids the decode engine
+        generated), as the session's latest entry. False when not filed: a
+        prompt shorter than one block (nothing worth finding), or a session that
+        ended meanwhile.
 
         Raises:
             StoreUnavailable: the store did not answer.
@@ -130,8 +152,10 @@ class HistoryIndex:
         key = chain_hashes(data[:aligned_tokens * TOKEN_BYTES], self.block_tokens, scope)[-1]
         prompt_end = len(prompt) * TOKEN_BYTES
         entry = HistoryEntry(session_id, len(prompt), _tail_hash(key, data[aligned_tokens * TOKEN_BYTES:prompt_end]),
-                             len(prompt) + len(output), _tail_hash(key, data[aligned_tokens * TOKEN_BYTES:]))
-        return await self.store.index_history(session_id, key.hex(), entry, MAX_ENTRIES_PER_KEY)
+                             len(prompt) + len(output), _tail_hash(key, data[aligned_tokens * TOKEN_BYTES:]),
+                             round_index)
+        return await self.store.index_history(session_id, key.hex(), entry, MAX_ENTRIES_PER_KEY,
+                                              MAX_ENTRIES_PER_SESSION)
 
 
 def _extends(data: bytes, key: bytes, start_tokens: int, entry: HistoryEntry) -> int:

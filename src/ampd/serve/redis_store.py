@@ -14,7 +14,7 @@ Layout, every key under ``prefix`` (default ``ampd:``):
 | ``lease:<worker>`` | string | replica id allowed to dispatch the queue (expires) |
 | ``epoch`` | string | an id of the store's contents: a new one after a restart that lost them |
 | ``hidx`` | hash | prompt index (``ampd.serve.prompt_index``): prefix hash -> JSON list of ``HistoryEntry`` lists, oldest first |
-| ``hses`` | hash | session id -> the ``hidx`` field holding its entry (a session has at most one) |
+| ``hses`` | hash | session id -> JSON list of ``[hidx field, round]`` of its entries, oldest first |
 | channel ``results:<replica>`` | pub/sub | prefill results for that replica |
 | channel ``changes`` | pub/sub | ids of workers whose state changed (``StateMirror``) |
 | channel ``owners`` | pub/sub | ``[session, replica]`` when a replica starts a round of a session |
@@ -106,18 +106,33 @@ local function kv(worker, delta)
     redis.call('PUBLISH', p .. 'changes', tostring(worker))
   end
 end
-local function unindex(sid)
-  local key = redis.call('HGET', p .. 'hses', sid)
-  if not key then return end
-  redis.call('HDEL', p .. 'hses', sid)
+-- The prompt index: hidx[key] = entries (``HistoryEntry.to_list``: [1] session, [6] round,
+-- [7] 1 while its session's latest); hses[session] = [key, round] of each of its entries,
+-- oldest first.
+local function filter(key, keep)
   local text = redis.call('HGET', p .. 'hidx', key)
   if not text then return end
   local kept = {}
   for _, e in ipairs(cjson.decode(text)) do
-    if e[1] ~= sid then kept[#kept + 1] = e end
+    if keep(e) then kept[#kept + 1] = e end
   end
   if #kept > 0 then redis.call('HSET', p .. 'hidx', key, cjson.encode(kept))
   else redis.call('HDEL', p .. 'hidx', key) end
+end
+local function filed(sid)
+  local text = redis.call('HGET', p .. 'hses', sid)
+  return text and cjson.decode(text) or {}
+end
+local function unindex(sid)
+  local mine = filed(sid)
+  redis.call('HDEL', p .. 'hses', sid)
+  local done = {}
+  for _, pair in ipairs(mine) do
+    if not done[pair[1]] then
+      done[pair[1]] = true
+      filter(pair[1], function(e) return e[1] ~= sid end)
+    end
+  end
 end
 local function put(sid, old, text)
   local new = text and cjson.decode(text)
@@ -257,20 +272,43 @@ end
 return written
 """
 
-# ARGV: prefix, session, key, entry JSON, most entries per key
+# ARGV: prefix, session, key, entry JSON, most entries per key, most entries per session
 _INDEX = _SESSION_LIB + """
-local sid, key = ARGV[2], ARGV[3]
+local sid, key, per_key, per_session = ARGV[2], ARGV[3], tonumber(ARGV[5]), tonumber(ARGV[6])
 if redis.call('HEXISTS', p .. 'sessions', sid) == 0 then return 0 end
-unindex(sid)
+local new = cjson.decode(ARGV[4])
+local mine = filed(sid)
+local done = {}
+for _, pair in ipairs(mine) do  -- its earlier entries are its latest no more
+  if not done[pair[1]] then
+    done[pair[1]] = true
+    filter(pair[1], function(e)
+      if e[1] == sid then e[7] = 0 end
+      return true
+    end)
+  end
+end
+while #mine >= per_session do
+  local old = table.remove(mine, 1)
+  filter(old[1], function(e) return not (e[1] == sid and e[6] == old[2]) end)
+end
 local text = redis.call('HGET', p .. 'hidx', key)
 local entries = text and cjson.decode(text) or {}
-while #entries >= tonumber(ARGV[5]) do
-  redis.call('HDEL', p .. 'hses', entries[1][1])
-  table.remove(entries, 1)
+while #entries >= per_key do
+  local gone = table.remove(entries, 1)
+  local theirs = gone[1] == sid and mine or filed(gone[1])
+  for i, pair in ipairs(theirs) do
+    if pair[1] == key and pair[2] == gone[6] then table.remove(theirs, i) break end
+  end
+  if gone[1] ~= sid then
+    if #theirs > 0 then redis.call('HSET', p .. 'hses', gone[1], cjson.encode(theirs))
+    else redis.call('HDEL', p .. 'hses', gone[1]) end
+  end
 end
-entries[#entries + 1] = cjson.decode(ARGV[4])
+entries[#entries + 1] = new
 redis.call('HSET', p .. 'hidx', key, cjson.encode(entries))
-redis.call('HSET', p .. 'hses', sid, key)
+mine[#mine + 1] = {key, new[6]}
+redis.call('HSET', p .. 'hses', sid, cjson.encode(mine))
 return 1
 """
 
@@ -457,9 +495,10 @@ class RedisStore:
         pairs = [part for sid, state in states.items() for part in (sid, state.to_json())]
         return await self._script("restore", [], [self.prefix, *pairs])
 
-    async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int) -> bool:
+    async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int,
+                            max_entries_per_session: int) -> bool:
         return bool(await self._script("index", [], [self.prefix, session_id, key, json.dumps(entry.to_list()),
-                                                     max_entries_per_key]))
+                                                     max_entries_per_key, max_entries_per_session]))
 
     async def history_entries(self, keys: list[str]) -> list[list[HistoryEntry]]:
         if not keys:

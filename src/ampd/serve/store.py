@@ -207,16 +207,19 @@ class RoundStart:
 
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
-    """What the prompt index holds of one session found from its prompts
-    (``ampd.serve.prompt_index``): its last round's prompt and that prompt followed
-    by the round's output, each as a length and a hash of the tokens after the
-    entry's block-aligned key.
+    """What the prompt index holds of one round of a session found from its
+    prompts (``ampd.serve.prompt_index``): the round's prompt and that prompt
+    followed by the round's output, each as a length and a hash of the tokens
+    after the entry's block-aligned key.
 
     Attributes:
         session_id: the session.
-        prompt_tokens, prompt_hash: the last round's prompt.
+        prompt_tokens, prompt_hash: the round's prompt.
         history_tokens, history_hash: that prompt and the output the decode
-            engine generated for it (what the engine's KV holds).
+            engine generated for it (what the engine's KV held after it).
+        round_index: the round (0 for the first).
+        latest: whether it is its session's latest round (a prompt that extends
+            an earlier one diverged from what the decode engine holds now).
     """
 
     session_id: str
@@ -224,13 +227,16 @@ class HistoryEntry:
     prompt_hash: str
     history_tokens: int
     history_hash: str
+    round_index: int
+    latest: bool = True
 
     def to_list(self) -> list:
-        return [self.session_id, self.prompt_tokens, self.prompt_hash, self.history_tokens, self.history_hash]
+        return [self.session_id, self.prompt_tokens, self.prompt_hash, self.history_tokens, self.history_hash,
+                self.round_index, int(self.latest)]
 
     @classmethod
     def from_list(cls, values: list) -> HistoryEntry:
-        return cls(*values)
+        return cls(*values[:6], latest=bool(values[6]))
 
 
 ResultHandler = Callable[[dict], Awaitable[None] | None]
@@ -310,13 +316,16 @@ class StateStore(Protocol):
         """Add back bindings the store lost (a restart): each one missing is added,
         one with fewer rounds and no lease replaced, totals adjusted; the ids written."""
 
-    async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int) -> bool:
-        """File ``entry`` under ``key`` (a block-aligned prefix hash) as the one
-        index entry of ``session_id``, replacing the one it had, in one step; a key
-        already holding ``max_entries_per_key`` entries drops its oldest (that
-        session is then no longer found from its prompts). False, with nothing
-        written, when the session has no binding (it ended meanwhile). Every
-        change that drops a binding (last round, expiry) drops its entry too."""
+    async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int,
+                            max_entries_per_session: int) -> bool:
+        """File ``entry`` (its ``latest`` true) under ``key`` (a block-aligned
+        prefix hash) as the latest entry of ``session_id``, in one step: the
+        session's earlier entries stay, ``latest`` false, the oldest dropped
+        beyond ``max_entries_per_session``; a key already holding
+        ``max_entries_per_key`` entries drops its oldest (that round of that
+        session is then no longer found). False, with nothing written, when the
+        session has no binding (it ended meanwhile). Every change that drops a
+        binding (last round, expiry) drops its entries too."""
 
     async def history_entries(self, keys: list[str]) -> list[list[HistoryEntry]]:
         """The entries filed under each of ``keys`` (in that order; [] for a key
