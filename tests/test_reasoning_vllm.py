@@ -23,15 +23,13 @@ is vLLM alone's.
 import asyncio
 
 import httpx
-import openai
 import pytest
-from chat_engines import chat_engines, full_blocks, source_change, through_coordinator
+from chat_engines import chat_engines, chat_round, full_blocks, source_change, through_coordinator
 
 from ampd.config import ServeConfig
 from vllm_servers import MODEL_NAME, settled_counters
 
 FLAGS = ServeConfig(reasoning_parser="deepseek_r1")
-MAX_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
@@ -40,27 +38,10 @@ def engines(tmp_path_factory):
         yield urls
 
 
-async def reply(base_url: str, http_client: httpx.AsyncClient, messages: list[dict], stream: bool):
-    """One greedy round: ``(reasoning, content, finish_reason)``, read from the
-    stream or the whole reply (vLLM's ``reasoning`` field, outside the SDK's types)."""
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, http_client=http_client)
-    request = dict(model=MODEL_NAME, messages=messages, max_tokens=MAX_TOKENS, temperature=0)
-    if not stream:
-        choice = (await client.chat.completions.create(**request)).choices[0]
-        return (choice.message.model_extra or {}).get("reasoning"), choice.message.content, choice.finish_reason
-    reasoning, content, finish = [], [], None
-    async for chunk in await client.chat.completions.create(**request, stream=True):
-        for choice in chunk.choices:
-            reasoning.append((choice.delta.model_extra or {}).get("reasoning") or "")
-            content.append(choice.delta.content or "")
-            finish = choice.finish_reason or finish
-    return "".join(reasoning) or None, "".join(content) or None, finish
-
-
 def alone(engines: dict[str, str], messages: list[dict], stream: bool):
     async def run():
         async with httpx.AsyncClient(timeout=600) as client:
-            return await reply(f"{engines['single']}/v1", client, messages, stream)
+            return await chat_round(f"{engines['single']}/v1", client, messages, stream)
     return asyncio.run(run())
 
 
@@ -69,7 +50,7 @@ def test_reasoning_through_ampd_is_vllm_alones(engines, stream):
     messages = [{"role": "user", "content": f"Think first ({'streamed' if stream else 'whole'})."}]
 
     async def run(base_url, http_client):
-        return await reply(base_url, http_client, messages, stream)
+        return await chat_round(base_url, http_client, messages, stream)
     through, _ = asyncio.run(through_coordinator(engines, FLAGS, run))
     assert through == alone(engines, messages, stream)
     assert through[0] and through[2] == "length"  # all reasoning: the random model never writes </think>
@@ -89,11 +70,11 @@ def test_a_history_without_its_reasoning_reuses_the_previous_prompt(engines):
     first = [{"role": "user", "content": "Plan a trip to Rome, then one to Paris, in as many steps as it takes."}]
 
     async def run(base_url, http_client):
-        reasoning, content, _ = await reply(base_url, http_client, first, False)
+        reasoning, content, _ = await chat_round(base_url, http_client, first, False)
         assert reasoning and content is None
         second = [*first, {"role": "assistant", "content": ""}, {"role": "user", "content": "And then?"}]
         before = await asyncio.to_thread(settled_counters, engines["prefill"])
-        answer = await reply(base_url, http_client, second, False)
+        answer = await chat_round(base_url, http_client, second, False)
         after = await asyncio.to_thread(settled_counters, engines["prefill"])
         return second, answer, source_change(before, after)
     (second, answer, counted), seen = asyncio.run(through_coordinator(engines, FLAGS, run))
@@ -133,9 +114,9 @@ def test_an_edited_earlier_turn_goes_on_from_the_common_prefix(engines):
 
     async def run(base_url, http_client):
         for n in range(1, len(turns) + 1):
-            await reply(base_url, http_client, chat(turns[:n]), False)
+            await chat_round(base_url, http_client, chat(turns[:n]), False)
         before = await asyncio.to_thread(settled_counters, engines["prefill"])
-        answer = await reply(base_url, http_client, chat([turns[0], edited_turn]), False)
+        answer = await chat_round(base_url, http_client, chat([turns[0], edited_turn]), False)
         after = await asyncio.to_thread(settled_counters, engines["prefill"])
         return answer, source_change(before, after)
     (answer, counted), seen = asyncio.run(through_coordinator(engines, FLAGS, run))
