@@ -264,22 +264,32 @@ def test_tools_and_tool_messages_pass_and_an_unknown_model_is_openais_404(cluste
     assert listed == [MODEL, "agent-model"]
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
-def test_a_client_that_leaves_mid_stream_frees_its_session(cluster, path):
-    """A streaming client that closes the connection after a few chunks: the
-    round is given back and the session's next round on the same replica is
-    served (it was 409 for good while the replica still counted the round as
-    running). A 409 is retried for up to 30 s: the replica learns of the
-    disconnect only when it next writes to the closed connection."""
-    url, session = cluster.urls[0], f"leaves-{path.rsplit('/', 1)[-1]}"
+def test_a_client_that_leaves_mid_round_frees_its_session(cluster, path, stream):
+    """A client that leaves a long round (a stream closed after a few chunks; a
+    non-streaming request that times out after 1 s of a round of about 10 s):
+    the round is given back, counted once as a disconnect on the replica, and
+    the session's next round on the same replica is served (it was 409 while
+    the replica still counted the round as running: for good after a stream,
+    until the last token without one). A 409 is retried for up to 30 s: the
+    replica learns of a stream's disconnect only when it next writes to the
+    closed connection."""
+    url, session = cluster.urls[0], f"leaves-{path.rsplit('/', 1)[-1]}-{stream}"
     body = ({"messages": [{"role": "user", "content": "tell me more"}]} if "chat" in path
             else {"prompt": list(range(5, 105))})
-    with httpx.stream("POST", f"{url}{path}", json={**body, "max_tokens": HELD_TOKENS, "stream": True},
-                      headers={"X-Session-Id": session}, timeout=60) as reply:
-        assert reply.status_code == 200
-        for i, _ in enumerate(reply.iter_lines()):
-            if i == 5:
-                break
+    left_before = _disconnects(url)
+    long_round = {**body, "max_tokens": HELD_TOKENS, "stream": stream}
+    if stream:
+        with httpx.stream("POST", f"{url}{path}", json=long_round, headers={"X-Session-Id": session},
+                          timeout=60) as reply:
+            assert reply.status_code == 200
+            for i, _ in enumerate(reply.iter_lines()):
+                if i == 5:
+                    break
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}{path}", json=long_round, headers={"X-Session-Id": session}, timeout=1.0)
     for _ in range(60):
         again = httpx.post(f"{url}{path}", json={**body, "max_tokens": MAX_TOKENS},
                            headers={"X-Session-Id": session}, timeout=60)
@@ -287,6 +297,14 @@ def test_a_client_that_leaves_mid_stream_frees_its_session(cluster, path):
             break
         time.sleep(0.5)
     assert again.status_code == 200, again.text
+    assert _disconnects(url) - left_before == 1
+
+
+def _disconnects(url: str) -> float:
+    """Rounds a replica counted as ended by a client that left."""
+    sample = 'ampd_round_failures_total{cause="disconnect"}'
+    lines = [line for line in httpx.get(f"{url}/metrics").text.splitlines() if line.startswith(sample)]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
 
 def test_an_edited_earlier_turn_goes_on_in_its_session_from_the_common_prefix(cluster):

@@ -35,7 +35,7 @@ def test_a_prompt_extending_a_history_finds_its_session_at_the_right_length(make
         by_text = await index.find(prompt + [9, 9, 9, 9], "")
         await store.close()
         return by_ids, by_text
-    assert run(go()) == (HistoryMatch("a", 43), HistoryMatch("a", 40))
+    assert run(go()) == (HistoryMatch("a", 43, False, 0), HistoryMatch("a", 40, False, 0))
 
 
 def test_a_shared_system_prompt_pins_no_new_session(make_store):
@@ -52,7 +52,7 @@ def test_a_shared_system_prompt_pins_no_new_session(make_store):
                  await index.find(SYSTEM + [4, 5, 6, 8, 1], "")]
         await store.close()
         return found
-    assert run(go()) == [None, None, HistoryMatch("b", 36)]
+    assert run(go()) == [None, None, HistoryMatch("b", 36, False, 0)]
 
 
 def test_identical_first_prompts_are_told_apart_by_their_outputs_and_ties_go_to_the_smaller_id(make_store):
@@ -67,7 +67,8 @@ def test_identical_first_prompts_are_told_apart_by_their_outputs_and_ties_go_to_
                  await index.find(prompt + [99], "")]
         await store.close()
         return found
-    assert run(go()) == [HistoryMatch("b", 36), HistoryMatch("a", 36), HistoryMatch("a", 34)]
+    assert run(go()) == [HistoryMatch("b", 36, False, 0), HistoryMatch("a", 36, False, 0),
+                         HistoryMatch("a", 34, False, 0)]
 
 
 def test_an_earlier_round_finds_a_diverged_history_and_another_key_finds_nothing(make_store):
@@ -87,8 +88,8 @@ def test_an_earlier_round_finds_a_diverged_history_and_another_key_finds_nothing
                  await index.find(second + [5, 6], "key-1"), await index.find(second + [5, 6], "key-2")]
         await store.close()
         return found
-    assert run(go()) == [HistoryMatch("a", 34, diverged=True), HistoryMatch("a", 33, diverged=True),
-                         HistoryMatch("a", 37), None]
+    assert run(go()) == [HistoryMatch("a", 34, True, 0), HistoryMatch("a", 33, True, 0),
+                         HistoryMatch("a", 37, False, 1), None]
 
 
 def test_ties_go_to_a_sessions_latest_round_and_a_session_keeps_its_last_rounds(make_store):
@@ -113,8 +114,8 @@ def test_ties_go_to_a_sessions_latest_round_and_a_session_keeps_its_last_rounds(
         found += [await index.find(opening + [3, 7], ""), await index.find(opening + [3, 4, 5, 6, 3, 7], "")]
         await store.close()
         return found
-    assert run(go()) == [HistoryMatch("b", 34), HistoryMatch("a", 35, diverged=True),
-                         HistoryMatch("b", 34), HistoryMatch("a", 39, diverged=True)]
+    assert run(go()) == [HistoryMatch("b", 34, False, 0), HistoryMatch("a", 35, True, 0),
+                         HistoryMatch("b", 34, False, 0), HistoryMatch("a", 39, True, 1)]
 
 
 def test_the_index_leaves_with_the_session_on_every_path(make_store):
@@ -139,7 +140,7 @@ def test_the_index_leaves_with_the_session_on_every_path(make_store):
         return expired, found, not_filed, left
     expired, found, not_filed, left = run(go())
     assert expired == ["idle"]
-    assert found == [None, None, HistoryMatch("running", 33)]
+    assert found == [None, None, HistoryMatch("running", 33, False, 0)]
     assert not_filed == [False, False]
     assert [e.session_id for e in left[0]] == ["running"]  # the one session left under the key they shared
 
@@ -163,5 +164,34 @@ def test_a_key_holds_at_most_its_bound_of_sessions_dropping_the_oldest(make_stor
         return held, dropped, kept
     held, dropped, kept = run(go())
     assert [e.session_id for e in held] == [f"s{i:03d}" for i in range(1, MAX_ENTRIES_PER_KEY + 1)]
-    assert dropped == HistoryMatch("s001", 33)  # only the prompt level of the oldest kept (ties: smallest id)
-    assert kept == HistoryMatch("s001", 34)
+    assert dropped == HistoryMatch("s001", 33, False, 0)  # only the prompt level of the oldest kept (ties: smallest id)
+    assert kept == HistoryMatch("s001", 34, False, 0)
+
+
+def test_a_branch_drops_the_rounds_it_left(make_store):
+    """Rounds 0-2 of session a run in a line (prompts of 33, 35 and 37 tokens,
+    one output token each: histories of 34, 36 and 38). Round 3 edits the turn
+    after round 0: its 36-token prompt extends round 0's history only (34,
+    diverged) and is filed with branch_round 0, so the decode engine holds the
+    branch (41 tokens with its 5 output tokens). A prompt that goes back to
+    round 2's line now shares only round 0's 34 tokens with what the engine
+    holds: found at 34 from round 0, not at 38 from round 2 (dropped, with
+    round 1); one that extends the branch is the latest."""
+    async def go():
+        store = make_store()
+        index = HistoryIndex(store, 16)
+        await bind(store, "a")
+        line = SYSTEM + [1]
+        await index.record("a", "", line, [2], 0)
+        for i in (1, 2):
+            line = line + [2, 3] if i == 1 else line + [4, 3]
+            await index.record("a", "", line, [4], i)
+        old_line = line + [4, 5]  # round 2's history and a new input
+        branch = SYSTEM + [1, 2, 7, 7]
+        found = [await index.find(branch, ""), await index.find(old_line, "")]
+        await index.record("a", "", branch, [8] * 5, 3, branch_round=0)
+        found += [await index.find(old_line, ""), await index.find(branch + [8] * 5 + [1], "")]
+        await store.close()
+        return found
+    assert run(go()) == [HistoryMatch("a", 34, True, 0), HistoryMatch("a", 38, False, 2),
+                         HistoryMatch("a", 34, True, 0), HistoryMatch("a", 41, False, 3)]

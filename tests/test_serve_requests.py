@@ -90,9 +90,24 @@ def test_numbers_json_does_not_have_and_bad_bytes_are_400_naming_the_field(raw, 
     assert reply.status_code == 400 and field in reply.json()["error"]["message"]
 
 
-def test_a_lone_surrogate_escaped_in_json_is_refused_in_a_session_id():
-    reply = post(None, raw=b'{"prompt": [1, 2], "session_id": "a\\ud800"}')
-    assert reply.status_code == 400 and "U+D800 at position 1" in reply.json()["error"]["message"]
+@pytest.mark.parametrize("path, raw, field", [
+    ("/v1/completions", b'{"prompt": [1, 2], "session_id": "a\\ud800"}', "session_id"),
+    ("/v1/completions", b'{"prompt": "hello \\udfff"}', "prompt"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}, {"role": "user", '
+                             b'"content": [{"type": "text", "text": "\\ud83d"}]}]}', "messages[1].content[0].text"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "\\udc00k": 1}', "\\udc00k"),
+])
+def test_a_lone_surrogate_escaped_in_json_is_400_naming_its_field(path, raw, field):
+    """Valid JSON, but no UTF-8 text: refused before anything (the engines'
+    /tokenize among them) is sent it; a surrogate pair is a character."""
+    reply = post(None, SID, path=path, raw=raw)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["message"].startswith(f"{field}: a lone UTF-16 surrogate")
+
+
+def test_a_surrogate_pair_is_a_character():
+    reply = post(None, raw=b'{"prompt": [1, 2], "session_id": "smile-\\ud83d\\ude00", "max_tokens": 9000000}')
+    assert "largest decode engine" in reply.json()["error"]["message"]  # parsed, then checked
 
 
 def test_a_string_left_open_full_of_escaped_quotes_is_refused_as_it_is():

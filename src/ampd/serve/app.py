@@ -5,13 +5,14 @@ Access: ``auth.py``; request bodies: ``body.py`` and ``requests.py``."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import quote
 
 from fastapi import Depends, FastAPI, Request
@@ -95,7 +96,8 @@ def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, lim
         if ids is None:
             ids, tokenizer = await _tokenize(coordinator, {"prompt": prompt})
             round_req = dataclasses.replace(round_req, tokenizer_worker=tokenizer)
-        return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids), scope, stream, body)
+        return await _unless_gone(request, _serve(coordinator, dataclasses.replace(round_req, prompt=ids), scope,
+                                                  stream, body))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, scope: str = Depends(client)):
@@ -107,8 +109,9 @@ def create_app(coordinator: Coordinator, access: AccessPolicy | None = None, lim
         round_req = round_request(body, request.headers, session_headers=session_headers, messages=messages,
                                   template=template, default_max_tokens=limits.chat_max_tokens)
         ids, tokenizer = await _tokenize(coordinator, {"messages": messages, **template})
-        return await _serve(coordinator, dataclasses.replace(round_req, prompt=ids, tokenizer_worker=tokenizer), scope,
-                            stream, body)
+        return await _unless_gone(request, _serve(coordinator, dataclasses.replace(round_req, prompt=ids,
+                                                                                   tokenizer_worker=tokenizer),
+                                                  scope, stream, body))
 
     @app.get("/v1/models", dependencies=[Depends(client)])
     async def models():
@@ -161,6 +164,35 @@ def _headers(trace: RoundTrace) -> dict[str, str]:
     if trace.fallback:
         headers["X-Ampd-Fallback"] = trace.fallback
     return headers
+
+
+async def _unless_gone(request: Request, work: Awaitable[Response]) -> Response:
+    """``work``'s response, unless the client leaves first: then ``work`` is
+    cancelled, so its round gives back its session and KV (as a stream's does
+    when its client leaves) and is counted a disconnect, instead of holding
+    the session (every next round a 409) until its last token. Covers a whole
+    non-streaming round and a stream's wait for its first token; the response
+    for a client that left is never read (499, nginx's "client closed")."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return Response(status_code=499)
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body was read: the
+    server's next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _serve(coordinator: Coordinator, round_req, scope: str, stream: bool, body: dict):

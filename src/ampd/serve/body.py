@@ -2,7 +2,9 @@
 at most ``serve.max_body_bytes`` bytes (413 beyond, read no further), UTF-8
 JSON nested at most ``serve.max_json_depth`` deep, and no number JSON does not
 have (``NaN``, ``Infinity``, or a literal too large for a double, which Python
-would read as infinite): each a 400 naming where it is. Every step is linear
+would read as infinite), and no string holding half a UTF-16 surrogate pair
+(``"\\ud800"`` alone: valid JSON, but no UTF-8 text, so nothing could send it on to
+an engine): each a 400 naming where it is. Every step is linear
 in the body's length (the parser guards its own recursion)."""
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from ampd.serve.rounds import ServeError
 
 # A JSON string (skipped whole, so brackets inside it do not count) or a bracket.
 _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# An escaped UTF-16 surrogate: the only way a lone one gets into a UTF-8 body.
+_SURROGATE_ESCAPE = re.compile(rb'\\u[dD][89a-fA-F]')
 
 
 class _NotANumber:
@@ -64,8 +68,9 @@ def parse_body(raw: bytes, max_depth: int) -> dict:
 
     Raises:
         ServeError: 400 for a body that is not UTF-8 JSON, not an object, nested
-            deeper than ``max_depth``, or holding NaN or an infinite number (the
-            message names its field, e.g. ``temperature``).
+            deeper than ``max_depth``, holding NaN or an infinite number, or a
+            lone surrogate in a string (the message names its field, e.g.
+            ``temperature``, ``messages[0].content``).
     """
     seen: list[_NotANumber] = []
 
@@ -90,21 +95,44 @@ def parse_body(raw: bytes, max_depth: int) -> dict:
     if not isinstance(body, dict):
         raise ServeError(400, "request body: expected a JSON object")
     if seen:  # only then is the body walked, to name the field
-        path, value = _first_not_a_number(body)
+        path, value = _first(body, lambda v: isinstance(v, _NotANumber))
         raise ServeError(400, f"{path}: {value.text} is not a JSON number (JSON has no NaN or Infinity, and a "
                               "number must fit a double)")
+    if _SURROGATE_ESCAPE.search(raw):  # pairs are fine: walked only to find a lone one
+        found = _first(body, _lone_surrogate)
+        if found is not None:
+            raise ServeError(400, f"{found[0]}: a lone UTF-16 surrogate ({_escaped(found[1])}) is not text")
     return body
 
 
-def _first_not_a_number(body: dict) -> tuple[str, _NotANumber]:
-    """The field path (``a.b[2]``) of the first number JSON does not have."""
-    stack: list[tuple[str, object]] = [(str(k), v) for k, v in reversed(body.items())]
+def _lone_surrogate(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _escaped(text: str) -> str:
+    """``text`` with its surrogates as ``\\udxxx`` (an error message must be UTF-8)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _first(body: dict, bad) -> tuple[str, object] | None:
+    """The field path (``a.b[2]``) and value of the first key or value that is
+    ``bad``, depth first in the body's order; None when none is."""
+    stack: list[tuple[str, object]] = [("", body)]
     while stack:
         path, value = stack.pop()
-        if isinstance(value, _NotANumber):
+        if bad(value):
             return path, value
         if isinstance(value, dict):
-            stack.extend((f"{path}.{k}", v) for k, v in reversed(value.items()))
+            for key in reversed(value):
+                if bad(key):
+                    return f"{path}.{_escaped(key)}".lstrip("."), key
+            stack.extend((f"{path}.{k}".lstrip("."), v) for k, v in reversed(value.items()))
         elif isinstance(value, list):
             stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
-    raise AssertionError("a value the parser marked is in the body")
+    return None

@@ -186,7 +186,7 @@ class Coordinator:
                 raise
         # Its history is another conversation's too (their prompts were identical), and that
         # one's round is running: this conversation goes on as a new session.
-        fresh = dataclasses.replace(request, session_id=new_session_id(), matched_tokens=0)
+        fresh = dataclasses.replace(request, session_id=new_session_id(), matched_tokens=0, branch_round=None)
         self.ctx.decide("infer", {"session_id": fresh.session_id, "matched_tokens": 0,
                                   "prompt_tokens": len(request.prompt), "busy": request.session_id})
         return await self._open(fresh, scope)
@@ -204,7 +204,8 @@ class Coordinator:
             match = HistoryMatch(new_session_id(), 0)
         self.ctx.decide("infer", {"session_id": match.session_id, "matched_tokens": match.matched_tokens,
                                   "prompt_tokens": len(request.prompt), "diverged": match.diverged})
-        return dataclasses.replace(request, session_id=match.session_id, matched_tokens=match.matched_tokens)
+        return dataclasses.replace(request, session_id=match.session_id, matched_tokens=match.matched_tokens,
+                                   branch_round=match.round_index if match.diverged else None)
 
     async def _open(self, request: RoundRequest, scope: str) -> tuple[RoundTrace, AsyncIterator[Chunk]]:
         if request.session_id in self._active:
@@ -241,7 +242,7 @@ class Coordinator:
                                        request.last_round, self.batches.slack_after(live))
             if request.session_source == FROM_PROMPT and not request.last_round:
                 await self.ctx.store_call(self.histories.record(session_id, scope, request.prompt, output,
-                                                                trace.round_index))
+                                                                trace.round_index, request.branch_round))
             done = True
         except ServeError as err:
             self.ctx.metrics.round_failures.labels("client" if err.status < 500 else "server").inc()

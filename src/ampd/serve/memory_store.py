@@ -107,10 +107,13 @@ class MemoryStore:
             self._history.pop(key, None)
 
     async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int,
-                            max_entries_per_session: int) -> bool:
+                            max_entries_per_session: int, kept_to_round: int) -> bool:
         if session_id not in self._sessions:
             return False
         mine = self._history_keys.setdefault(session_id, [])
+        for old_key, old_round in [pair for pair in mine if pair[1] > kept_to_round]:
+            mine.remove((old_key, old_round))
+            self._filter_history(old_key, lambda e: (e.session_id, e.round_index) != (session_id, old_round))
         for old_key in {k for k, _ in mine}:  # its earlier entries are its latest no more
             self._history[old_key] = [dataclasses.replace(e, latest=False) if e.session_id == session_id else e
                                       for e in self._history[old_key]]

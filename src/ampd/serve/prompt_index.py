@@ -27,7 +27,9 @@ session id.
 re-renders one differently, sends a prompt that extends an earlier round of its
 session but not the latest: it continues the session from that round's history
 (``HistoryMatch.diverged``), the longest common prefix the index can verify, and
-the engines reuse what their KV holds of it and recompute the rest (vLLM's prefix
+its entries of the rounds after that one are dropped once the new round is
+filed (the decode engine holds the new branch: an entry of the old one would
+count tokens it no longer holds as history). The engines reuse what their KV holds of it and recompute the rest (vLLM's prefix
 cache matches whole blocks by content: never KV of other tokens). What an engine
 reuses may go beyond the match, to the block where the edit begins; the
 coordinator counts only what it verified.
@@ -70,11 +72,13 @@ class HistoryMatch:
         diverged: the match is an earlier round's history, not the session's
             latest (an edited turn): the decode engine holds other tokens after
             ``matched_tokens``.
+        round_index: the round whose history it is (-1 for a new session).
     """
 
     session_id: str
     matched_tokens: int
     diverged: bool = False
+    round_index: int = -1
 
 
 def token_bytes(tokens: Sequence[int]) -> bytes:
@@ -131,16 +135,20 @@ class HistoryIndex:
                 tokens = _extends(data, hashes[block], start, entry)
                 rank = (-tokens, not entry.latest, entry.session_id)
                 if tokens and (best_rank is None or rank < best_rank):
-                    best, best_rank = HistoryMatch(entry.session_id, tokens, not entry.latest), rank
+                    best, best_rank = HistoryMatch(entry.session_id, tokens, not entry.latest, entry.round_index), rank
         return best
 
     async def record(self, session_id: str, scope: str, prompt: Sequence[int], output: Sequence[int],
-                     round_index: int) -> bool:
+                     round_index: int, branch_round: int | None = None) -> bool:
         """File the history of ``session_id`` after round ``round_index``: its
         prompt, and the prompt followed by ``output`` (the ids the decode engine
-        generated), as the session's latest entry. False when not filed: a
-        prompt shorter than one block (nothing worth finding), or a session that
-        ended meanwhile.
+        generated), as the session's latest entry. A round whose prompt extended
+        round ``branch_round`` (a diverged history) drops the session's entries
+        of the rounds after that one: they are another branch, which the decode
+        engine no longer holds, so every entry left is a prefix of what it holds
+        and a later match never counts tokens of the abandoned branch as history.
+        False when not filed: a prompt shorter than one block (nothing worth
+        finding), or a session that ended meanwhile.
 
         Raises:
             StoreUnavailable: the store did not answer.
@@ -155,7 +163,8 @@ class HistoryIndex:
                              len(prompt) + len(output), _tail_hash(key, data[aligned_tokens * TOKEN_BYTES:]),
                              round_index)
         return await self.store.index_history(session_id, key.hex(), entry, MAX_ENTRIES_PER_KEY,
-                                              MAX_ENTRIES_PER_SESSION)
+                                              MAX_ENTRIES_PER_SESSION,
+                                              round_index - 1 if branch_round is None else branch_round)
 
 
 def _extends(data: bytes, key: bytes, start_tokens: int, entry: HistoryEntry) -> int:

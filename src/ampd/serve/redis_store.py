@@ -272,12 +272,22 @@ end
 return written
 """
 
-# ARGV: prefix, session, key, entry JSON, most entries per key, most entries per session
+# ARGV: prefix, session, key, entry JSON, most entries per key, most entries per session,
+# last round whose entries stay
 _INDEX = _SESSION_LIB + """
 local sid, key, per_key, per_session = ARGV[2], ARGV[3], tonumber(ARGV[5]), tonumber(ARGV[6])
+local kept_to = tonumber(ARGV[7])
 if redis.call('HEXISTS', p .. 'sessions', sid) == 0 then return 0 end
 local new = cjson.decode(ARGV[4])
-local mine = filed(sid)
+local mine = {}
+for _, pair in ipairs(filed(sid)) do  -- a branch the new entry left is dropped
+  if pair[2] > kept_to then
+    local round = pair[2]
+    filter(pair[1], function(e) return not (e[1] == sid and e[6] == round) end)
+  else
+    mine[#mine + 1] = pair
+  end
+end
 local done = {}
 for _, pair in ipairs(mine) do  -- its earlier entries are its latest no more
   if not done[pair[1]] then
@@ -496,9 +506,10 @@ class RedisStore:
         return await self._script("restore", [], [self.prefix, *pairs])
 
     async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int,
-                            max_entries_per_session: int) -> bool:
+                            max_entries_per_session: int, kept_to_round: int) -> bool:
         return bool(await self._script("index", [], [self.prefix, session_id, key, json.dumps(entry.to_list()),
-                                                     max_entries_per_key, max_entries_per_session]))
+                                                     max_entries_per_key, max_entries_per_session,
+                                                     kept_to_round]))
 
     async def history_entries(self, keys: list[str]) -> list[list[HistoryEntry]]:
         if not keys:

@@ -44,6 +44,10 @@ class RoundRequest:
             hold more: a chat client re-renders the output it was sent); None
             for a session named by the client (the prompt is taken to extend
             all the engine holds).
+        branch_round: for a prompt that extends an earlier round of its session
+            than the latest (``HistoryMatch.diverged``), that round: the
+            session's index entries of later rounds are dropped when this round
+            is filed, since its decode engine then holds this branch, not theirs.
         chat: the round goes to the engines' ``/v1/chat/completions`` with
             ``params`` (its messages included), which render the same prompt
             as ``prompt`` (checked); else to ``/v1/completions`` with ``prompt``.
@@ -59,6 +63,7 @@ class RoundRequest:
     last_round: bool = False
     session_source: str = "X-Session-Id"
     matched_tokens: int | None = None
+    branch_round: int | None = None
     chat: bool = False
     tokenizer_worker: int = -1
 

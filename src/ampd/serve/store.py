@@ -317,11 +317,12 @@ class StateStore(Protocol):
         one with fewer rounds and no lease replaced, totals adjusted; the ids written."""
 
     async def index_history(self, session_id: str, key: str, entry: HistoryEntry, max_entries_per_key: int,
-                            max_entries_per_session: int) -> bool:
+                            max_entries_per_session: int, kept_to_round: int) -> bool:
         """File ``entry`` (its ``latest`` true) under ``key`` (a block-aligned
         prefix hash) as the latest entry of ``session_id``, in one step: the
-        session's earlier entries stay, ``latest`` false, the oldest dropped
-        beyond ``max_entries_per_session``; a key already holding
+        session's earlier entries of rounds up to ``kept_to_round`` stay,
+        ``latest`` false, the oldest dropped beyond ``max_entries_per_session``;
+        those of later rounds (a branch the new entry left) are dropped; a key already holding
         ``max_entries_per_key`` entries drops its oldest (that round of that
         session is then no longer found). False, with nothing written, when the
         session has no binding (it ended meanwhile). Every change that drops a
