@@ -32,8 +32,8 @@ import httpx  # noqa: E402
 from common import stream_round, write_result  # noqa: E402
 
 from ampd.config import RunConfig, load_config, override  # noqa: E402
-from ampd.serve.mock_chat import MOCK_TOOL_ROUNDS  # noqa: E402
-from ampd.serve.up import LocalCluster, free_serve_ports  # noqa: E402
+from ampd.engines.mock.chat import MOCK_TOOL_ROUNDS  # noqa: E402
+from ampd.cluster.up import LocalCluster, free_serve_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUNDS = 40

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from ampd.config import RunConfig, override  # noqa: E402
-from ampd.experiment import simulate  # noqa: E402
-from ampd.sweep import resolve_slo  # noqa: E402
+from ampd.run.simulate import simulate  # noqa: E402
+from ampd.run.sweep import resolve_slo  # noqa: E402
 
 MODEL, WORKLOAD, NUM_GPUS, SYSTEM = "Mixtral-8x7B", "gaia", 32, "ampd-predictive"
 PICK = "P:<TP=4,DP=1> D:<TP=4,DP=7>"  # the ILP's pick, judged unstable by the count check

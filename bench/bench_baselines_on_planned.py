@@ -32,7 +32,7 @@ from common import REPRODUCE_OUT, jobs_parser, write_result  # noqa: E402
 from ampd.core.deployment import Deployment  # noqa: E402
 from ampd.reproduce import grid  # noqa: E402
 from ampd.reproduce.run import prepare, run_capacities, run_points  # noqa: E402
-from ampd.runner import PointRunner  # noqa: E402
+from ampd.run.runner import PointRunner  # noqa: E402
 
 SYSTEM = "ampd-slo" + grid.PLANNED
 BASELINES = ("pd-disagg", "dynamo-busy")  # the grid's strongest baselines by mean capacity

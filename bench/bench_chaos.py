@@ -32,12 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from ampd.config import RunConfig  # noqa: E402
-from ampd.experiment import sessions_for, simulate  # noqa: E402
+from ampd.run.resolve import sessions_for  # noqa: E402
+from ampd.run.simulate import simulate  # noqa: E402
 from ampd.metrics.summary import summarize  # noqa: E402
-from ampd.serve.clock import ScaledClock  # noqa: E402
-from ampd.serve.redis_store import RedisStore  # noqa: E402
-from ampd.serve.replay import replay_across  # noqa: E402
-from ampd.serve.up import LocalCluster, free_serve_ports  # noqa: E402
+from ampd.core.clock import ScaledClock  # noqa: E402
+from ampd.serve.state.redis_store import RedisStore  # noqa: E402
+from ampd.cluster.replay import replay_across  # noqa: E402
+from ampd.cluster.up import LocalCluster, free_serve_ports  # noqa: E402
 
 TIME_SCALE = 0.5
 REPLICAS = 2

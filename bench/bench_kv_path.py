@@ -6,7 +6,7 @@ engine, side by side in one run, for three history lengths.
 
 Per sample: a fresh random history of H tokens is computed on the decode engine (a
 local round), then one remote round adds 128 new tokens. "read": the coordinator's
-export (src/ampd/serve/history_export.py) then the prefill request with the
+export (src/ampd/engines/history_export.py) then the prefill request with the
 decode engine's params; "recompute": the prefill request alone; both then stream
 from the decode engine with the prefill engine's params. "local": the round streams
 from the decode engine alone, its history in the prefix cache. TTFT is client wall time
@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from common import write_result  # noqa: E402
 from redis_server import free_port  # noqa: E402
 
-from ampd.serve.engine_client import EngineClient, EngineError  # noqa: E402
-from ampd.serve.history_export import ExportRequest, export_history  # noqa: E402
-from ampd.serve.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready  # noqa: E402
+from ampd.engines.client import EngineClient, EngineError  # noqa: E402
+from ampd.engines.history_export import ExportRequest, export_history  # noqa: E402
+from ampd.engines.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"

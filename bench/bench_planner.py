@@ -33,7 +33,7 @@ from ampd.planner import build_ilp, estimate_tau, top_plans  # noqa: E402
 from ampd.planner.codesign import co_designed_plans  # noqa: E402
 from ampd.planner.tau import tau_sides  # noqa: E402
 from ampd.policy.systems import Knobs  # noqa: E402
-from ampd.slo_rule import derive_slo  # noqa: E402
+from ampd.run.slo_rule import derive_slo  # noqa: E402
 from ampd.workload import generate  # noqa: E402
 
 PAPER_S = {8: 0.54, 16: 1.93, 32: 5.06, 64: 14.50, 128: 28.88, 256: 61.67}

@@ -12,11 +12,11 @@ P95 latencies within ``KNEE_Z`` x their thresholds (bisection on a log scale); w
 system has a stable plan at the knee (the fixed-share planner's P95 model was optimistic:
 Mixtral-8x7B / GAIA), the cell is measured at the first of 0.8, 0.64, ... x the knee where
 one has (``rate_per_s``, beside ``knee_rate_per_s``). Each
-system is planned as ``ampd.planning.plan_for`` plans it (the adaptive systems
+system is planned as ``ampd.run.planning.plan_for`` plans it (the adaptive systems
 co-designed with their router, the others with ``default_local_share``). The planner's
 top ``REFINE_TOP_K`` and a seeded sample of ``SAMPLE`` other feasible plans are simulated
 and ranked: stable runs first, then by SLO attainment, ties by mean TTFT
-(``ampd.plan_simulation.simulate_plans``); an unstable plan's attainment counts as 0 in
+(``ampd.run.plan_refine.simulate_plans``); an unstable plan's attainment counts as 0 in
 the regret. Two regrets per system: the planner's own best (``attainment_regret``), and
 the plan ``[planner] refine_top_k = REFINE_TOP_K`` picks (``refined_regret``): the best
 simulated of the planner's top ``REFINE_TOP_K``, asked of ``plan_for`` itself, whose
@@ -42,15 +42,15 @@ from common import write_result  # noqa: E402
 
 from ampd.cli.plan import agreement, simulation_pool  # noqa: E402
 from ampd.cli.tables import attainment_text  # noqa: E402
-from ampd.plan_simulation import simulate_plans  # noqa: E402
+from ampd.run.plan_refine import simulate_plans  # noqa: E402
 from ampd.planner import AMPD_LOCAL_SHARE  # noqa: E402
-from ampd.planning import default_local_share, plan_for  # noqa: E402
+from ampd.run.planning import default_local_share, plan_for  # noqa: E402
 from ampd.config import RunConfig, override  # noqa: E402
 from ampd.core.errors import InputError  # noqa: E402
 from ampd.measure import STABLE  # noqa: E402
 from ampd.policy.systems import get_system  # noqa: E402
-from ampd.runner import PointRunner  # noqa: E402
-from ampd.sweep import resolve_slo  # noqa: E402
+from ampd.run.runner import PointRunner  # noqa: E402
+from ampd.run.sweep import resolve_slo  # noqa: E402
 
 MODELS = ("Llama-3.1-70B", "Qwen3-32B", "Mixtral-8x7B")
 CELLS = (("toolbench", 8), ("hotpotqa", 8), ("dureader", 16), ("gaia", 32))

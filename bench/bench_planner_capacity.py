@@ -2,7 +2,7 @@
 grid's 8- and 16-GPU cells (3 models x ToolBench, HotpotQA, DuReader on H20), the
 capacity of the planner's own pick at the cell's reference rate (the ILP's first plan)
 against the pick of ``[planner] refine_top_k = 5, refine_by = "capacity"``
-(``ampd.planning.plan_for``: the ILP's top 5 drawn at the planner's knee, the highest
+(``ampd.run.planning.plan_for``: the ILP's top 5 drawn at the planner's knee, the highest
 rate its best plan keeps Z <= 1, ranked by capacity; what ``ampd reproduce`` runs as
 ``ampd-slo [planner]``, ``grid.PLANNER_OPTIONS``), beside every baseline's capacity on its best searched deployment,
 and ``ampd-slo``'s on the best baseline's deployment, all from one run of the same
@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPRODUCE_OUT, jobs_parser, write_result  # noqa: E402
 
 from ampd.config import override  # noqa: E402
-from ampd.plan_simulation import simulate_capacities  # noqa: E402
-from ampd.planning import knee_rate_per_s, plan_for  # noqa: E402
+from ampd.run.plan_refine import simulate_capacities  # noqa: E402
+from ampd.run.planning import knee_rate_per_s, plan_for  # noqa: E402
 from ampd.reproduce import grid  # noqa: E402
 from ampd.reproduce.run import grid_entries, prepare, run_capacities, search_best  # noqa: E402
-from ampd.runner import PointRunner  # noqa: E402
+from ampd.run.runner import PointRunner  # noqa: E402
 
 SYSTEM = "ampd-slo"
 TOP_K = 5

@@ -25,11 +25,11 @@ from common import REPRODUCE_OUT, jobs_parser, write_result  # noqa: E402
 
 from ampd.config import override  # noqa: E402
 from ampd.core.deployment import Deployment  # noqa: E402
-from ampd.plan_simulation import simulate_capacities  # noqa: E402
-from ampd.planning import knee_rate_per_s, plan_for  # noqa: E402
+from ampd.run.plan_refine import simulate_capacities  # noqa: E402
+from ampd.run.planning import knee_rate_per_s, plan_for  # noqa: E402
 from ampd.reproduce import grid  # noqa: E402
 from ampd.reproduce.run import prepare  # noqa: E402
-from ampd.runner import PointRunner  # noqa: E402
+from ampd.run.runner import PointRunner  # noqa: E402
 
 SYSTEM = "ampd-slo"
 TOP_K = grid.PLANNER_OPTIONS[SYSTEM]["refine_top_k"]

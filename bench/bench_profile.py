@@ -33,7 +33,7 @@ from ampd.profile.fit import mape, medians  # noqa: E402
 from ampd.profile.plots import plot_profile  # noqa: E402
 from ampd.profile.profile_file import profile_document, write  # noqa: E402
 from ampd.profile.run import ProfileGrid, run  # noqa: E402
-from ampd.serve.vllm_launch import NixlConnector, ServerSpec  # noqa: E402
+from ampd.engines.vllm_launch import NixlConnector, ServerSpec  # noqa: E402
 
 PROFILE = ROOT / "configs" / "profiles" / "tiny-llama-vllm-cpu.json"
 PLOTS = ROOT / "docs" / "img" / "profile"

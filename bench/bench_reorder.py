@@ -51,9 +51,9 @@ from common import write_result  # noqa: E402
 from ampd.config import RunConfig, override  # noqa: E402
 from ampd.measure import STABLE  # noqa: E402
 from ampd.metrics.plot import plot_attainment  # noqa: E402
-from ampd.runner import PointRunner  # noqa: E402
-from ampd.capacity_search import search_capacities  # noqa: E402
-from ampd.sweep import capacity_row, resolve_slo  # noqa: E402
+from ampd.run.runner import PointRunner  # noqa: E402
+from ampd.run.capacity_search import search_capacities  # noqa: E402
+from ampd.run.sweep import capacity_row, resolve_slo  # noqa: E402
 
 DEPLOYMENT = "P:<TP=2,DP=2> D:<TP=4,DP=1>"
 ROUTERS = {"remote": ("pd-disagg", "pd-disagg-reorder", "pd-disagg-edf"),

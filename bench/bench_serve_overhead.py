@@ -28,7 +28,7 @@ import httpx  # noqa: E402
 from common import stream_round, write_result  # noqa: E402
 
 from ampd.config import RunConfig  # noqa: E402
-from ampd.serve.up import LocalCluster, free_serve_ports  # noqa: E402
+from ampd.cluster.up import LocalCluster, free_serve_ports  # noqa: E402
 
 ROUNDS = 60
 PROMPT_TOKENS, OUTPUT_TOKENS = 512, 16

@@ -6,7 +6,7 @@ sessions and arrivals, measured over the same window (36 s warm-up, 1,800 s wind
 about 1,100 sessions, enough for a verdict). SLO attainment and verdict on both sides, local-prefill share,
 mean TTFT, and the share of the window's rounds placed (local or remote) as the
 simulator placed them; for ``ampd-predictive`` and ``ampd-slo``, whose served
-routers read the decode batches the replicas report (``ampd.serve.decode_batch``). The figures docs/SERVING.md quotes; tests/test_serve_cluster.py
+routers read the decode batches the replicas report (``ampd.serve.rounds.decode_batch``). The figures docs/SERVING.md quotes; tests/test_serve_cluster.py
 asserts the tolerances on a shorter window.
 
 Run: ``python bench/bench_serve_parity.py`` -> ``bench/results/serve_parity.json``.
@@ -24,12 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from ampd.config import RunConfig  # noqa: E402
-from ampd.experiment import sessions_for, simulate  # noqa: E402
+from ampd.run.resolve import sessions_for  # noqa: E402
+from ampd.run.simulate import simulate  # noqa: E402
 from ampd.measure import measure_window  # noqa: E402
 from ampd.metrics.summary import same_placement_share  # noqa: E402
-from ampd.serve.clock import ScaledClock  # noqa: E402
-from ampd.serve.replay import replay_across  # noqa: E402
-from ampd.serve.up import LocalCluster, free_serve_ports  # noqa: E402
+from ampd.core.clock import ScaledClock  # noqa: E402
+from ampd.cluster.replay import replay_across  # noqa: E402
+from ampd.cluster.up import LocalCluster, free_serve_ports  # noqa: E402
 
 TIME_SCALE = 0.25
 REPLICAS = 2

@@ -26,14 +26,14 @@ from common import write_result  # noqa: E402
 from ampd.core import Deployment, PrefillTask, QueuedTask, Role  # noqa: E402
 from ampd.perf import build_perf_model  # noqa: E402
 from ampd.policy.routing import AdaptiveRouter, PredictiveRouter, SloThresholds  # noqa: E402
-from ampd.serve.clock import ScaledClock  # noqa: E402
-from ampd.serve.memory_store import MemoryStore  # noqa: E402
-from ampd.serve.mirror import StateMirror  # noqa: E402
-from ampd.serve.redis_proc import RedisProcess  # noqa: E402
-from ampd.serve.redis_store import RedisStore  # noqa: E402
-from ampd.serve.store import QueueEntry, WorkerInfo  # noqa: E402
-from ampd.serve.up import free_port_block  # noqa: E402
-from ampd.serve.view_builder import cluster_view  # noqa: E402
+from ampd.core.clock import ScaledClock  # noqa: E402
+from ampd.serve.state.memory_store import MemoryStore  # noqa: E402
+from ampd.serve.state.mirror import StateMirror  # noqa: E402
+from ampd.cluster.redis_server import RedisProcess  # noqa: E402
+from ampd.serve.state.redis_store import RedisStore  # noqa: E402
+from ampd.serve.state.store import QueueEntry, WorkerInfo  # noqa: E402
+from ampd.cluster.up import free_port_block  # noqa: E402
+from ampd.serve.rounds.view_builder import cluster_view  # noqa: E402
 
 DEPLOYMENT = "P:<TP=2,DP=8> D:<TP=4,DP=8>"  # 16 workers, 48 GPUs
 QUEUE_LENGTH = 8

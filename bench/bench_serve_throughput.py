@@ -21,9 +21,9 @@ from common import write_result  # noqa: E402
 
 from ampd.config import RunConfig  # noqa: E402
 from ampd.core.session import Round, Session  # noqa: E402
-from ampd.serve.clock import ScaledClock  # noqa: E402
-from ampd.serve.replay import replay_sync  # noqa: E402
-from ampd.serve.up import LocalCluster, free_serve_ports  # noqa: E402
+from ampd.core.clock import ScaledClock  # noqa: E402
+from ampd.cluster.replay import replay_sync  # noqa: E402
+from ampd.cluster.up import LocalCluster, free_serve_ports  # noqa: E402
 
 TIME_SCALE = 0.05
 RATES_PER_WALL_S = (5, 10, 20, 40, 80)

@@ -1,4 +1,4 @@
-"""Cost of finding sessions from the prompt (``ampd.serve.prompt_index``) with the
+"""Cost of finding sessions from the prompt (``ampd.serve.state.prompt_index``) with the
 index in a real Redis server: wall time per request of the lookup a request
 naming no session pays before binding (hash the prompt's blocks, read every key
 they name in one round trip, check the entries found), and of filing the
@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_result  # noqa: E402
 
-from ampd.serve.prompt_index import HistoryIndex, chain_hashes, token_bytes  # noqa: E402
-from ampd.serve.redis_proc import RedisProcess  # noqa: E402
-from ampd.serve.redis_store import RedisStore  # noqa: E402
-from ampd.serve.store import SessionState  # noqa: E402
-from ampd.serve.up import free_port_block  # noqa: E402
+from ampd.serve.state.prompt_index import HistoryIndex, chain_hashes, token_bytes  # noqa: E402
+from ampd.cluster.redis_server import RedisProcess  # noqa: E402
+from ampd.serve.state.redis_store import RedisStore  # noqa: E402
+from ampd.serve.state.store import SessionState  # noqa: E402
+from ampd.cluster.up import free_port_block  # noqa: E402
 
 # (prompt tokens, block tokens): serve.session_block_tokens' default 16 at both sizes, and a
 # coarser block at 32k (a quarter of the keys to hash and read).

@@ -47,12 +47,13 @@ from common import write_result  # noqa: E402
 from vllm_servers import tiny_model  # noqa: E402
 
 from ampd.config import RunConfig, with_perf_model  # noqa: E402
-from ampd.experiment import sessions_for, simulate  # noqa: E402
+from ampd.run.resolve import sessions_for  # noqa: E402
+from ampd.run.simulate import simulate  # noqa: E402
 from ampd.profile.plots import plot_sim_vs_real  # noqa: E402
 from ampd.profile.run import ProfileGrid  # noqa: E402
 from ampd.profile.sim_vs_real import compare  # noqa: E402
 from ampd.profile.validate import Validation, clip_to_context, validate  # noqa: E402
-from ampd.serve.up import free_serve_ports  # noqa: E402
+from ampd.cluster.up import free_serve_ports  # noqa: E402
 
 PROFILE = ROOT / "bench" / "results" / "sim_vs_real_profile.json"
 GPU = ROOT / "configs" / "gpus" / "vllm-cpu-host.toml"

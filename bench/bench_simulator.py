@@ -22,9 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from ampd.config import RunConfig, override  # noqa: E402
-from ampd.experiment import measure_for, sessions_for, simulate  # noqa: E402
-from ampd.runner import PointRunner  # noqa: E402
-from ampd.capacity_search import search_capacities  # noqa: E402
+from ampd.run.resolve import measure_for, sessions_for  # noqa: E402
+from ampd.run.simulate import simulate  # noqa: E402
+from ampd.run.runner import PointRunner  # noqa: E402
+from ampd.run.capacity_search import search_capacities  # noqa: E402
 
 SYSTEM = "ampd-predictive"
 DEPLOYMENTS = {32: "P:<TP=4,DP=5> D:<TP=4,DP=3>", 256: "P:<TP=4,DP=40> D:<TP=4,DP=24>"}

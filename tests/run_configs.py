@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from ampd.serve.up import free_serve_ports
+from ampd.cluster.up import free_serve_ports
 
 
 def write_run_config(path: Path, system: str, cluster: dict, workload: dict, serve: dict, engines: int = 2) -> Path:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from ampd.serve.redis_store import RedisStore
-from ampd.serve.store import SessionState
+from ampd.serve.state.redis_store import RedisStore
+from ampd.serve.state.store import SessionState
 
 
 @dataclass

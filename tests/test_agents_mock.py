@@ -3,7 +3,7 @@ OpenAI Agents SDK and a LangGraph ReAct agent, unmodified, against the
 documented mock cluster (configs/serve_mock.toml: two prefill and two decode
 engines, Redis, a coordinator), with no session key and with one, streaming
 and not. The mock engine answers as a vLLM chat server with a tool parser
-does (``ampd.serve.mock_chat``): ``MOCK_TOOL_ROUNDS`` tool calls, then text.
+does (``ampd.engines.mock.chat``): ``MOCK_TOOL_ROUNDS`` tool calls, then text.
 
 What is checked, each against a value worked out independently:
 - every tool call the agent received names a tool and carries arguments that
@@ -33,8 +33,8 @@ from langchain_openai import ChatOpenAI
 from langgraph.prebuilt import create_react_agent
 
 from ampd.config import load_config, override
-from ampd.serve.mock_chat import MOCK_TOOL_ROUNDS
-from ampd.serve.up import LocalCluster, free_serve_ports
+from ampd.engines.mock.chat import MOCK_TOOL_ROUNDS
+from ampd.cluster.up import LocalCluster, free_serve_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 

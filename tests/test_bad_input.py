@@ -119,7 +119,7 @@ def test_trace_chosen_in_a_config_file(tmp_path):
 
 def test_duplicate_session_ids_are_refused_by_the_simulator():
     from ampd.config import RunConfig, override
-    from ampd.experiment import simulate
+    from ampd.run.simulate import simulate
     config = override(RunConfig(), slo={"ttft_s": 1.0, "itl_s": 0.1}, cluster={"deployment": "D:<TP=4,DP=1>"})
     with pytest.raises(InputError, match="'a' appears twice"):
         simulate(config, [Session("a", 0.0, (Round(100, 5),)), Session("a", 1.0, (Round(100, 5),))])

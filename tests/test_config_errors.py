@@ -9,7 +9,7 @@ from ampd.core.errors import InputError
 from ampd.core.names import closest_first
 from ampd.perf import catalog
 from ampd.policy.systems import get_system
-from ampd.sweep import workload_source
+from ampd.run.sweep import workload_source
 
 
 def test_four_bad_fields_in_four_sections_are_named_in_one_error(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from ampd.config import RunConfig, SweepConfig, load_config, override
 from ampd.policy.systems import SYSTEMS
-from ampd.serve.up import LocalCluster, free_serve_ports
+from ampd.cluster.up import LocalCluster, free_serve_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -11,14 +11,15 @@ from ampd.cli.options import config_from_args
 from ampd.config import RunConfig, load_config, override, with_perf_model
 from ampd.core.deployment import Deployment, Role
 from ampd.core.errors import InputError
-from ampd.experiment import check_runnable, perf_model_for
+from ampd.run.resolve import check_runnable, perf_model_for
 from ampd.planner import usable_degrees
-from ampd.planning import resolve_deployment
+from ampd.run.planning import resolve_deployment
 from ampd.reproduce import grid
 from ampd.reproduce.deployments import disaggregated_candidates
-from ampd.serve.mock_engine import EngineOptions, MockEngine, _parser
-from ampd.serve.up import LocalCluster
-from ampd.slo_rule import reference_tp
+from ampd.engines.mock.engine import EngineOptions, MockEngine
+from ampd.engines.mock.server import _parser
+from ampd.cluster.up import LocalCluster
+from ampd.run.slo_rule import reference_tp
 from hand_perf_file import REMOTE_PATH, hand_model, write_hand_model
 
 # Two sessions, three rounds of 1,000, 500 and 2,000 new tokens. On the hand model
@@ -138,7 +139,7 @@ def test_up_starts_mock_engines_timed_by_the_file(tmp_path, perf_file, monkeypat
     decode = next(s for s in cluster.specs() if s.role is Role.DECODE)
     cluster._start_engine(decode)
     argv = cluster.engines[decode.worker_id]
-    args = _parser().parse_args(argv[argv.index("ampd.serve.mock_engine") + 1:])
+    args = _parser().parse_args(argv[argv.index("ampd.engines.mock.server") + 1:])
     fields = {k: v for k, v in vars(args).items() if k not in ("role", "port", "host", "log_level")}
     engine = MockEngine(EngineOptions(role=Role.DECODE, **fields))
     assert (args.perf_model, args.model, args.gpu) == (perf_file, "my-8b", "my-gpu")

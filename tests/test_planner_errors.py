@@ -9,7 +9,7 @@ from ampd.core.errors import InputError
 from ampd.perf import build_perf_model
 from ampd.planner import enumerate_plans, estimate_tau, plan_deployments, top_plans
 from ampd.policy.routing import SloThresholds
-from ampd.slo_rule import derive_slo
+from ampd.run.slo_rule import derive_slo
 from ampd.workload import generate
 from stub_perf import StubPerf
 

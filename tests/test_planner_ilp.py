@@ -10,7 +10,7 @@ from ampd.core.deployment import Deployment, Role
 from ampd.core.errors import InputError
 from ampd.perf import build_perf_model
 from ampd.planner import enumerate_plans, estimate_tau, top_plans
-from ampd.slo_rule import derive_slo
+from ampd.run.slo_rule import derive_slo
 from ampd.workload import generate
 
 # (model, workload, rate per 8 GPUs): light and heavy loads, so that some instances have

@@ -11,7 +11,8 @@ import pytest
 from ampd.config import RunConfig, override
 from ampd.core import Round, Session
 from ampd.core.errors import InputError
-from ampd.experiment import measure_for, perf_model_for, sessions_for, simulate
+from ampd.run.resolve import measure_for, perf_model_for, sessions_for
+from ampd.run.simulate import simulate
 from ampd.perf import build_perf_model
 from ampd.planner import enumerate_plans, estimate_tau, top_plans
 from ampd.planner.decode_tau import decode_replica, mixed_decode_cells
@@ -19,8 +20,8 @@ from ampd.planner.prefill_tau import mixed_prefill_cells
 from ampd.planner.queueing import PrefillChains, ServerGroup, fcfs_ttft_s
 from ampd.planner.stream import build_stream
 from ampd.policy.routing import SloThresholds
-from ampd.slo_rule import derive_slo
-from ampd.sweep import resolve_measure, resolve_slo
+from ampd.run.slo_rule import derive_slo
+from ampd.run.sweep import resolve_measure, resolve_slo
 from ampd.workload import generate
 from queue_runs import listed
 from stub_perf import StubPerf

@@ -7,9 +7,9 @@ import pytest
 from ampd.config import RunConfig, override
 from ampd.core.deployment import Role
 from ampd.core.errors import InputError
-from ampd.plan_simulation import refine, simulate_capacities
+from ampd.run.plan_refine import refine, simulate_capacities
 from ampd.planner import Plan, TauCell
-from ampd.planning import knee_rate_per_s, plan_for
+from ampd.run.planning import knee_rate_per_s, plan_for
 
 
 class StubRunner:

@@ -1,4 +1,4 @@
-"""The planner's tau estimates against the simulator (``ampd.experiment.simulate``), both
+"""The planner's tau estimates against the simulator (``ampd.run.simulate.simulate``), both
 in steady state (AMPD.md section 6).
 
 Setting: Qwen3-32B on 8 x H20, HotpotQA-like at 1.5 sessions/s, one steady-state run
@@ -32,11 +32,12 @@ import numpy as np
 import pytest
 
 from ampd.config import RunConfig, override
-from ampd.experiment import measure_for, perf_model_for, sessions_for, simulate
+from ampd.run.resolve import measure_for, perf_model_for, sessions_for
+from ampd.run.simulate import simulate
 from ampd.metrics.slo import SloScope, session_latencies
 from ampd.planner import enumerate_plans, estimate_tau
 from ampd.policy.routing import SloThresholds
-from ampd.sweep import resolve_measure, resolve_slo
+from ampd.run.sweep import resolve_measure, resolve_slo
 
 
 def _simulated_p95(out, scope: str) -> tuple[float, float]:

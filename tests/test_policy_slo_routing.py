@@ -151,7 +151,7 @@ class _LocalInChunks:
 
 
 def test_the_decode_worker_runs_the_decision_chunk_and_reports_the_batch_slack():
-    # As tests/test_engine_batching.py's chunked case, but with the engine's budget at 2,048
+    # As tests/test_sim_engine_batching.py's chunked case, but with the engine's budget at 2,048
     # and the decision's chunk at 100: A (50 tokens) alone 0-0.06; B beside A in one mixed
     # step 0.06-0.12 (A's first gap 0.06); a step of 2 (0.024) 0.12-0.144; C (300 tokens,
     # arrived 0.13) in 100-token steps of 0.112, 0.122, 0.132: first token 0.510.

@@ -30,7 +30,8 @@ from ampd.profile.prefill_probe import PrefillPoint, measure_prefill
 from ampd.profile.profile_file import profile_document
 from ampd.profile.run import Measurements, ProfileGrid, batching, fit, fit_remote, remote_paths_s, run
 from ampd.profile.scrape import ProbeError
-from ampd.serve.mock_engine import EngineOptions, create_app
+from ampd.engines.mock.engine import EngineOptions
+from ampd.engines.mock.server import create_app
 
 # [our choice] Half speed: a 48-token decode probe lasts about half a wall second, long
 # enough that a client slowed by a loaded machine still reads its window mid-stream.

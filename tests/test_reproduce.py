@@ -6,13 +6,13 @@ import pytest
 from ampd.cli.main import main
 from ampd.config import override
 from ampd.perf import build_perf_model
-from ampd.plan_simulation import simulate_capacities
-from ampd.planning import knee_rate_per_s, plan_for
+from ampd.run.plan_refine import simulate_capacities
+from ampd.run.planning import knee_rate_per_s, plan_for
 from ampd.reproduce import analysis, grid
 from ampd.reproduce.deployments import colocated_candidates, disaggregated_candidates
 from ampd.reproduce.run import prepare
 from ampd.reproduce.search import coarse, same_pair
-from ampd.runner import PointRunner
+from ampd.run.runner import PointRunner
 
 
 def test_disaggregated_candidates_of_a_70b_model_on_8_h20():

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from ampd.config import RunConfig, override
-from ampd.serve.up import LocalCluster, free_serve_ports
+from ampd.cluster.up import LocalCluster, free_serve_ports
 from serve_rounds import kv_state, run, send_round
 
 DECODE = [1, 2]

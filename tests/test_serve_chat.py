@@ -9,10 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ampd.core.deployment import Role
-from ampd.serve.chat import ChatReply, prompt_check, prompt_mismatch, stream_choice
-from ampd.serve.engine_client import Chunk
-from ampd.serve.mock_chat import MOCK_TOOL_ROUNDS, render_call, render_chat, schema_instance, tokenize_text
-from ampd.serve.mock_engine import EngineOptions, create_app
+from ampd.serve.rounds.chat import ChatReply, prompt_check, prompt_mismatch, stream_choice
+from ampd.engines.client import Chunk
+from ampd.engines.mock.chat import MOCK_TOOL_ROUNDS, render_call, render_chat, schema_instance, tokenize_text
+from ampd.engines.mock.engine import EngineOptions
+from ampd.engines.mock.server import create_app
 
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "minLength": 5},

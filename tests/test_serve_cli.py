@@ -14,7 +14,7 @@ import pytest
 from ampd.cli.main import main
 from ampd.config import load_config, override
 from ampd.core.errors import InputError
-from ampd.serve.up import LocalCluster, free_port_block
+from ampd.cluster.up import LocalCluster, free_port_block
 
 CONFIG = """
 system = "pd-disagg"

@@ -12,14 +12,15 @@ import httpx
 import pytest
 
 from ampd.config import RunConfig, override
-from ampd.experiment import sessions_for, simulate
+from ampd.run.resolve import sessions_for
+from ampd.run.simulate import simulate
 from ampd.measure import measure_window
 from ampd.metrics.summary import same_placement_share
 from ampd.profile.engine_side import snapshot_engines
 from ampd.profile.scrape import TIME_TO_FIRST_TOKEN, series
-from ampd.serve.clock import ScaledClock
-from ampd.serve.replay import replay, replay_across
-from ampd.serve.up import LocalCluster, free_serve_ports
+from ampd.core.clock import ScaledClock
+from ampd.cluster.replay import replay, replay_across
+from ampd.cluster.up import LocalCluster, free_serve_ports
 
 BASE = RunConfig(system="ampd-predictive",
                  cluster={"model": "Llama-3.1-70B", "gpu": "H20", "num_gpus": 8,

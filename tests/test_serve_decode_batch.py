@@ -1,4 +1,4 @@
-"""The decode batches the served routers read (``ampd.serve.decode_batch``): the
+"""The decode batches the served routers read (``ampd.serve.rounds.decode_batch``): the
 slack of a streaming round and the merge of the replicas' reports worked by
 hand, and a real cluster (Redis, two coordinator replicas, mock engines) whose
 store shows every round streaming from a decode engine while it streams, and
@@ -16,15 +16,15 @@ from ampd.config import RunConfig, override
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.task import PrefillTask
 from ampd.serve.build import serve_slo
-from ampd.serve.clock import ScaledClock
-from ampd.serve.context import CoordinatorOptions, ReplicaContext
-from ampd.serve.decision_log import DecisionLog
-from ampd.serve.decode_batch import STALE_REPORT_AGE_S, DecodeBatches, batch_report, merged, round_slack_s
-from ampd.serve.memory_store import MemoryStore
-from ampd.serve.redis_store import RedisStore
-from ampd.serve.rounds import LiveRound, RoundRequest, RoundTrace
-from ampd.serve.store import BatchReport, SessionState, WorkerInfo
-from ampd.serve.up import LocalCluster, free_serve_ports
+from ampd.core.clock import ScaledClock
+from ampd.serve.replica.context import CoordinatorOptions, ReplicaContext
+from ampd.serve.replica.decision_log import DecisionLog
+from ampd.serve.rounds.decode_batch import STALE_REPORT_AGE_S, DecodeBatches, batch_report, merged, round_slack_s
+from ampd.serve.state.memory_store import MemoryStore
+from ampd.serve.state.redis_store import RedisStore
+from ampd.serve.rounds.round import LiveRound, RoundRequest, RoundTrace
+from ampd.serve.state.store import BatchReport, SessionState, WorkerInfo
+from ampd.cluster.up import LocalCluster, free_serve_ports
 from serve_rounds import metric, prompt_of, run, send_round
 
 THR_S = 0.05  # an ITL threshold for the hand-worked cases

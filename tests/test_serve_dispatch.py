@@ -1,7 +1,7 @@
 """The coordinator's prefill dispatcher on hand-made queues (a frozen clock, the
 in-memory store, an engine that answers when told): what its queue policy is told
 of the time before a task could start, and the phases it sends back with a
-prefill's outcome (``ampd.serve.round_phases``)."""
+prefill's outcome (``ampd.serve.rounds.phases``)."""
 
 import asyncio
 
@@ -11,10 +11,10 @@ from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.task import PrefillTask
 from ampd.core.view import QueuedTask
 from ampd.policy.reorder import Fcfs
-from ampd.serve.clock import ScaledClock
-from ampd.serve.dispatch import PrefillDispatcher
-from ampd.serve.memory_store import MemoryStore
-from ampd.serve.store import QueueEntry, WorkerInfo
+from ampd.core.clock import ScaledClock
+from ampd.serve.rounds.dispatch import PrefillDispatcher
+from ampd.serve.state.memory_store import MemoryStore
+from ampd.serve.state.store import QueueEntry, WorkerInfo
 
 
 class FrozenClock(ScaledClock):

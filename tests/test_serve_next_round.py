@@ -19,11 +19,11 @@ import pytest
 import uvicorn
 
 from ampd.config import RunConfig, override
-from ampd.serve import sessions
+from ampd.serve.rounds import sessions
 from ampd.serve.build import build_app
-from ampd.serve.redis_store import RedisStore
-from ampd.serve.store import StoreUnavailable
-from ampd.serve.up import LocalCluster, free_port_block, free_serve_ports
+from ampd.serve.state.redis_store import RedisStore
+from ampd.serve.state.store import StoreUnavailable
+from ampd.cluster.up import LocalCluster, free_port_block, free_serve_ports
 from serve_rounds import Reply, kv_state, metric, prompt_of, send_round
 
 CONFIG = RunConfig(system="ampd-predictive",

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from ampd.config import RunConfig, override
-from ampd.serve.up import LocalCluster, free_serve_ports
+from ampd.cluster.up import LocalCluster, free_serve_ports
 
 MODEL = "Llama-3.1-70B"
 DECODE = [1, 2, 3]

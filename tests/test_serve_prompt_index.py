@@ -1,11 +1,11 @@
-"""Sessions found from the prompt (``ampd.serve.prompt_index``) in both stores (the
+"""Sessions found from the prompt (``ampd.serve.state.prompt_index``) in both stores (the
 in-memory one and a real Redis server), on prompts worked out by hand; block
 size 16 tokens throughout."""
 
 import asyncio
 
-from ampd.serve.prompt_index import MAX_ENTRIES_PER_KEY, MAX_ENTRIES_PER_SESSION, HistoryIndex, HistoryMatch, chain_hashes, token_bytes
-from ampd.serve.store import BOUND, SessionState
+from ampd.serve.state.prompt_index import MAX_ENTRIES_PER_KEY, MAX_ENTRIES_PER_SESSION, HistoryIndex, HistoryMatch, chain_hashes, token_bytes
+from ampd.serve.state.store import BOUND, SessionState
 
 SYSTEM = list(range(1000, 1032))  # a 32-token "system prompt" (two blocks) every session shares
 

@@ -9,11 +9,11 @@ import pytest
 
 from ampd.config import EngineWorker, RunConfig, ServeConfig
 from ampd.core.errors import InputError
-from ampd.serve.app import create_app
-from ampd.serve.auth import AccessPolicy
-from ampd.serve.body import json_depth
+from ampd.serve.api.app import create_app
+from ampd.serve.api.auth import AccessPolicy
+from ampd.serve.api.body import json_depth
 from ampd.serve.build import build_coordinator
-from ampd.serve.requests import check_messages, session_key_of
+from ampd.serve.api.requests import check_messages, session_key_of
 
 WORKERS = [EngineWorker(url="http://127.0.0.1:9", role="prefill"), EngineWorker(url="http://127.0.0.1:9", role="decode")]
 CONFIG = RunConfig(cluster={"model": "Llama-3.1-8B", "gpu": "H100-SXM", "num_gpus": 2,

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from ampd.config import RunConfig, override
-from ampd.serve.redis_store import RedisStore
-from ampd.serve.up import LocalCluster, free_serve_ports
+from ampd.serve.state.redis_store import RedisStore
+from ampd.cluster.up import LocalCluster, free_serve_ports
 from serve_rounds import kv_state, metric, prompt_of, run, send_round, sums_by_worker
 
 BASE = RunConfig(system="ampd-predictive",

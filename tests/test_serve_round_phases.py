@@ -1,10 +1,10 @@
-"""A served round's TTFT split into phases (``ampd.serve.round_phases``), on
+"""A served round's TTFT split into phases (``ampd.serve.rounds.phases``), on
 hand-made traces whose every stamp is written by hand."""
 
 import pytest
 
-from ampd.serve.round_phases import PHASES, phases_s
-from ampd.serve.rounds import RoundTrace
+from ampd.serve.rounds.phases import PHASES, phases_s
+from ampd.serve.rounds.round import RoundTrace
 
 
 def test_a_remote_round_splits_into_the_stamps_and_the_dispatchers_timings():

@@ -9,9 +9,9 @@ import pytest
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.task import PrefillTask
 from ampd.core.view import QueuedTask
-from ampd.serve.memory_store import MemoryStore
-from ampd.serve.redis_store import RedisStore
-from ampd.serve.store import (BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, MISSING, STARTED, TAKEN, BatchReport,
+from ampd.serve.state.memory_store import MemoryStore
+from ampd.serve.state.redis_store import RedisStore
+from ampd.serve.state.store import (BOUND, BUSY, DONE, FORBIDDEN, FULL, LOST, MISSING, STARTED, TAKEN, BatchReport,
                               QueueEntry, SessionState, StoreUnavailable, WorkerInfo)
 
 _prefixes = itertools.count()
@@ -306,8 +306,8 @@ def test_the_mirror_follows_changes_made_by_another_replica(redis_server):
     """Replica A mirrors the state; replica B (another client of the same Redis)
     queues, takes and samples: A's mirror shows each change (read back, not
     inferred) once its feed has delivered it, and equals a direct snapshot."""
-    from ampd.serve.clock import ScaledClock
-    from ampd.serve.mirror import StateMirror
+    from ampd.core.clock import ScaledClock
+    from ampd.serve.state.mirror import StateMirror
 
     prefix = f"t{next(_prefixes)}:"
 

@@ -16,15 +16,15 @@ import pytest
 
 from ampd.cli.replay import wait_until_ready
 from ampd.config import EngineWorker, RunConfig, ServeConfig, load_config, override
-from ampd.experiment import perf_model_for, sessions_for, slo_for
+from ampd.run.resolve import perf_model_for, sessions_for, slo_for
 from ampd.metrics.report import write_json
 from ampd.profile.engine import connect
 from ampd.profile.overhead_probe import measure_overhead
-from ampd.serve.clock import ScaledClock
-from ampd.serve.replay import replay_sync
-from ampd.serve.app import create_app
+from ampd.core.clock import ScaledClock
+from ampd.cluster.replay import replay_sync
+from ampd.serve.api.app import create_app
 from ampd.serve.build import build_coordinator
-from ampd.serve.vllm_launch import ExampleConnector, ServerSpec
+from ampd.engines.vllm_launch import ExampleConnector, ServerSpec
 from redis_server import free_port
 from vllm_servers import MODEL_NAME, ROOT, VLLM_PYTHON, VOCAB, running, sse_tokens, tiny_model
 

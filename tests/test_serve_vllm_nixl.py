@@ -33,10 +33,10 @@ from starlette.background import BackgroundTask
 from ampd.config import EngineWorker, RunConfig, ServeConfig
 from ampd.profile.engine import connect
 from ampd.profile.remote_probe import exports_history, measure_remote
-from ampd.serve.app import create_app
+from ampd.serve.api.app import create_app
 from ampd.serve.build import build_coordinator
-from ampd.serve.nixl_warmup import warm_nixl_pair
-from ampd.serve.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready
+from ampd.engines.nixl_warmup import warm_nixl_pair
+from ampd.engines.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready
 from redis_server import free_port
 from vllm_servers import MODEL_NAME, ROOT, VLLM_PYTHON, VOCAB, running, sse_tokens, tiny_model
 from vllm_servers import engine_counters as _counters, settled_counters as _settled

@@ -5,9 +5,10 @@ import pytest
 from ampd.config import RunConfig, override
 from ampd.core.errors import InputError
 from ampd.core import Round, Session
-from ampd.experiment import sessions_for, simulate
+from ampd.run.resolve import sessions_for
+from ampd.run.simulate import simulate
 from ampd.policy.systems import SYSTEMS
-from ampd.sweep import resolve_slo
+from ampd.run.sweep import resolve_slo
 
 BASE = override(RunConfig(), cluster={"deployment": "P:<TP=2,DP=2> D:<TP=4,DP=1>"},
                 workload={"name": "toolbench", "num_sessions": 60, "rate_per_s": 1.0})
@@ -70,8 +71,8 @@ def test_session_larger_than_any_decode_replica_is_refused():
 
 
 def test_auto_deployment_is_the_planners_choice_or_the_colocated_default():
-    from ampd.planning import plan_for
-    from ampd.sweep import resolve
+    from ampd.run.planning import plan_for
+    from ampd.run.sweep import resolve
     auto = override(BASE, cluster={"deployment": "auto"})
     planned = resolve(auto)
     assert planned.cluster.deployment == str(plan_for(resolve_slo(auto), top_k=1)[0].deployment)
@@ -86,7 +87,7 @@ def test_link_bandwidths_are_configurable():
     # shards move over min(2, 4) = 2 GPU pairs at half the per-GPU NVLink figure each (50 GB/s): 100 GB/s
     # in all -> 3.2768 ms, plus the 50 us set-up. Between servers: 10 GB/s -> 32.768 ms + 50 us.
     from ampd.core import Role, WorkerSpec
-    from ampd.experiment import perf_model_for
+    from ampd.run.resolve import perf_model_for
     perf = perf_model_for(override(BASE, cluster={"nvlink_gb_per_s": 100.0, "network_gb_per_s": 10.0}))
     p, d, far = WorkerSpec(0, Role.PREFILL, 2, 0), WorkerSpec(1, Role.DECODE, 4, 0), WorkerSpec(2, Role.DECODE, 4, 1)
     assert perf.kv_transfer_s(1000, p, d) == pytest.approx(327_680_000 / 100e9 + 50e-6)

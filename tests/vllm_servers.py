@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ampd.serve.vllm_launch import ServerSpec, start_server, stop_server, wait_ready
+from ampd.engines.vllm_launch import ServerSpec, start_server, stop_server, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = Path(os.environ.get("AMPD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))

@@ -53,12 +53,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
+# ``cluster.deployment`` left to the planner (``ampd.run.planning.resolve_deployment``).
+AUTO_DEPLOYMENT = "auto"
+
+
 class ClusterConfig(_Strict):
     """The simulated hardware and the deployment on it.
 
     ``deployment`` is in the paper's notation, or ``"auto"`` (the default): the
     planner's best plan for disaggregated systems, ``D:<TP=n,DP=N/n>`` at the
-    reference TP for colocated ones (``ampd.planning.resolve_deployment``).
+    reference TP for colocated ones (``ampd.run.planning.resolve_deployment``).
 
     ``perf_model`` (a file path, relative to the working directory): the run is timed
     by that file's model (``ampd.perf.load_perf_model``) instead of the catalog's;
@@ -77,7 +81,7 @@ class ClusterConfig(_Strict):
     gpu: str = Field("H20", description="a catalog GPU, or a TOML file of its figures (configs/gpus/)")
     num_gpus: int = Field(8, ge=1, le=65536)
     gpus_per_server: int = Field(8, ge=1)
-    deployment: str = "auto"
+    deployment: str = AUTO_DEPLOYMENT
     network_gb_per_s: float = Field(200.0, gt=0, description="between servers (AMPD.md section 4: InfiniBand 200 GB/s)")
     nvlink_gb_per_s: float | None = Field(None, gt=0, description="per GPU, both directions; None: the GPU's "
                                                                   "datasheet figure (H20: 900 GB/s)")
@@ -119,7 +123,7 @@ class ClusterConfig(_Strict):
 
 
 class SloConfig(_Strict):
-    """SLO thresholds; None means derived by the rule in ``ampd.slo_rule``."""
+    """SLO thresholds; None means derived by the rule in ``ampd.run.slo_rule``."""
 
     ttft_s: float | None = Field(None, gt=0)
     itl_s: float | None = Field(None, gt=0)
@@ -173,7 +177,7 @@ class WorkloadConfig(_Strict):
     ``ampd.workload.arrival_rate_per_s``), and repeats them back to back;
     ``poisson`` draws new arrivals at ``rate_per_s``. ``rate_per_s`` None: the
     trace's own rate, or ``DEFAULT_RATE_PER_S`` for a synthetic workload
-    (``ampd.experiment.rate_for``). Both stay None in a saved configuration when
+    (``ampd.run.resolve.rate_for``). Both stay None in a saved configuration when
     unset, so a run repeats with the same defaults.
     """
 

@@ -12,13 +12,13 @@ from ampd.cli.options import add_run_options, config_from_args, output_dir, posi
 from ampd.cli.tables import arrivals_text, capacity_table, print_table, summary_table
 from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
 from ampd.core.errors import AmpdError, InputError
-from ampd.experiment import simulate
+from ampd.run.simulate import simulate
 from ampd.measure import STABLE, TRANSIENT
 from ampd.metrics.plot import plot_attainment
 from ampd.metrics.report import decision_rows, round_rows, write_csv, write_json, write_jsonl
 from ampd.policy.systems import SYSTEMS
-from ampd.runner import PointRunner
-from ampd.sweep import plan_sweep, resolve, resolve_measure, sweep_capacities, workload_source
+from ampd.run.runner import PointRunner
+from ampd.run.sweep import plan_sweep, resolve, resolve_measure, sweep_capacities, workload_source
 
 
 def _floats(text: str) -> list[float]:

@@ -17,15 +17,15 @@ from ampd.cli.options import add_run_options, config_from_args, non_negative_int
 from ampd.cli.tables import attainment_text, print_table
 from ampd.config import RunConfig, override
 from ampd.core.errors import InputError
-from ampd.experiment import batching_for, rate_for
+from ampd.run.resolve import batching_for, rate_for
 from ampd.measure import STABLE
 from ampd.metrics.report import write_json
-from ampd.plan_simulation import simulate_plans
+from ampd.run.plan_refine import simulate_plans
 from ampd.planner import AMPD_LOCAL_SHARE, SOLVERS, Plan, enumerate_plans, estimate_tau
-from ampd.planning import default_local_share, plan_for, planner_inputs
+from ampd.run.planning import default_local_share, plan_for, planner_inputs
 from ampd.policy.systems import get_system
-from ampd.runner import PointRunner
-from ampd.sweep import resolve_slo, workload_source
+from ampd.run.runner import PointRunner
+from ampd.run.sweep import resolve_slo, workload_source
 
 PLANNED_SYSTEM = "ampd-slo"
 """[our choice] The system ``ampd plan`` plans for when neither ``--system`` nor the

@@ -1,5 +1,5 @@
 """``ampd replay``: the open-loop load generator from the command line
-(``ampd.serve.replay``); sessions and SLO thresholds resolved as ``ampd simulate``
+(``ampd.cluster.replay``); sessions and SLO thresholds resolved as ``ampd simulate``
 resolves them, results written in the same files."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from ampd.cli.options import add_run_options, config_from_args, output_dir, posi
 from ampd.cli.tables import arrivals_text, print_table, summary_table
 from ampd.config import override
 from ampd.core.errors import InputError
-from ampd.experiment import arrivals_scale, measure_for, perf_model_for, rate_for, sessions_for, slo_for
+from ampd.run.resolve import arrivals_scale, measure_for, perf_model_for, rate_for, sessions_for, slo_for
 from ampd.metrics.report import round_rows, write_csv, write_json
-from ampd.serve.clock import ScaledClock
-from ampd.serve.replay import DEFAULT_TIMEOUT_S, DEFAULT_VOCAB_SIZE, ReplayResult, replay_sync
-from ampd.sweep import resolve_measure, workload_source
+from ampd.core.clock import ScaledClock
+from ampd.cluster.replay import DEFAULT_TIMEOUT_S, DEFAULT_VOCAB_SIZE, ReplayResult, replay_sync
+from ampd.run.sweep import resolve_measure, workload_source
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from ampd.perf import load_perf_model
 from ampd.reproduce.report import best_rows, write
 from ampd.reproduce.run import (
     ablation_entries, grid_entries, prepare, run_capacities, run_points, run_sensitivity, search_best)
-from ampd.runner import PointRunner
+from ampd.run.runner import PointRunner
 
 
 def cmd_reproduce(args: argparse.Namespace) -> None:

@@ -15,8 +15,8 @@ from ampd.cli.options import add_run_options, config_from_args, positive_float, 
 from ampd.config import RunConfig, override
 from ampd.core.errors import InputError
 from ampd.serve.build import build_app, make_store
-from ampd.serve.store import StoreUnavailable
-from ampd.serve.up import LocalCluster
+from ampd.serve.state.store import StoreUnavailable
+from ampd.cluster.up import LocalCluster
 
 
 def _serve_options(p: argparse.ArgumentParser) -> None:

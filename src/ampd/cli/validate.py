@@ -17,9 +17,9 @@ from ampd.perf.perf_file import load_perf_model
 from ampd.profile.plots import plot_sim_vs_real
 from ampd.profile.run import ProfileGrid
 from ampd.profile.validate import validate
-from ampd.serve.mock_engine import DEFAULT_VOCAB_SIZE
-from ampd.serve.replay import DEFAULT_TIMEOUT_S
-from ampd.serve.round_phases import PHASES
+from ampd.engines.mock.engine import DEFAULT_VOCAB_SIZE
+from ampd.cluster.replay import DEFAULT_TIMEOUT_S
+from ampd.serve.rounds.phases import PHASES
 
 _ROWS = (("mean TTFT, relative error", "ttft_mean_rel_error", "{:.1%}"),
          ("mean ITL, relative error", "itl_mean_rel_error", "{:.1%}"),

@@ -3,7 +3,7 @@ capabilities"): facts the simulator's performance model and the serving
 coordinator both act on.
 
 "vllm-nixl": vLLM with NixlConnector in bidirectional mode, whose prefill engine
-reads a session's history KV from its decode engine (``ampd.serve.history_export``).
+reads a session's history KV from its decode engine (``ampd.engines.history_export``).
 """
 
 READS_HISTORY = {"mock": True, "vllm": False, "vllm-nixl": True}

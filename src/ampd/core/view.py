@@ -51,7 +51,7 @@ class WorkerView:
             docs/SERVING.md): the cost model then charges that recompute.
         batch_size: sequences decoding on this (decode) worker, those about to
             join its next step included (the coordinator: the rounds streaming
-            from it, ``ampd.serve.decode_batch``).
+            from it, ``ampd.serve.rounds.decode_batch``).
         context_tokens: KV tokens those sequences hold.
         min_itl_slack_s: the smallest ITL slack among the sessions decoding on
             this (decode) worker, seconds, mean scope: a session's ITL threshold

@@ -56,7 +56,7 @@ from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.metrics.records import SessionRecord
 from ampd.perf.interface import PerfModel
-from ampd.sim.limits import RunLimits
+from ampd.core.limits import RunLimits
 
 WARMUP_SLO_LIFETIMES = 2.0
 WINDOW_LIFETIMES = 10.0

@@ -52,7 +52,7 @@ def remote_estimate_s(task: PrefillTask, decode: WorkerView, prefill: WorkerView
     ``remote_prefill_s``, plus the round's serving path (``perf.round_paths_s``: its
     two engine requests' in the paper's model, 0 in a catalog model; what the serving
     stack adds, where measured; engines that recompute history are timed by a perf
-    model without measured requests, ``ampd.experiment.perf_model_for``, so their
+    model without measured requests, ``ampd.run.resolve.perf_model_for``, so their
     round makes two). [our choice] The path before the queue is counted
     after the drain: so it runs when served (the coordinator holds the queue); the
     simulator spends it before the queue, where it overlaps a draining queue and the

@@ -3,7 +3,7 @@ unique prompts, the engine's identity.
 
 Prompts are token ids, so a probe knows its lengths exactly (no tokenizer between).
 Every request carries ``X-Session-Id``: vLLM ignores it; a mock engine keys its prefix
-cache by it (``ampd.serve.mock_engine``).
+cache by it (``ampd.engines.mock.server``).
 """
 
 from __future__ import annotations

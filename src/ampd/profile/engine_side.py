@@ -33,7 +33,7 @@ and after a real run splits the two:
   ``perf.remote_request_paths_s``), which the simulator counts (the serving stack's
   share is not in it);
 - **the coordinator's phases** (``coordinator_phases``): each coordinator's
-  ``ampd_round_phase_seconds`` (``ampd.serve.round_phases``) over the run, the mean
+  ``ampd_round_phase_seconds`` (``ampd.serve.rounds.phases``) over the run, the mean
   of each phase per route: where the rest of a TTFT lies.
 """
 
@@ -58,7 +58,7 @@ from ampd.profile.scrape import (
     scrape,
     series,
 )
-from ampd.serve.round_phases import PHASES
+from ampd.serve.rounds.phases import PHASES
 
 ROUND_PHASE = "ampd_round_phase_seconds"
 
@@ -163,7 +163,7 @@ def _computed(hist_tokens: int, new_tokens: int, history_read_min_tokens: int | 
 
 
 def coordinator_phases(before: Sequence[Snapshot], after: Sequence[Snapshot]) -> dict[str, dict[str, float | int]]:
-    """Per route label (``ampd.serve.round_phases.PHASES``) with rounds in the run: the
+    """Per route label (``ampd.serve.rounds.phases.PHASES``) with rounds in the run: the
     mean of each phase over the coordinators' rounds, seconds, and ``rounds``.
 
     Args:

@@ -5,7 +5,7 @@ kind ``vllm-nixl``; docs/SERVING.md "The KV path on NIXL").
 The profile's ``T_pre`` is timed on a local prefix-cache hit and ``T_kv`` on a transfer
 alone; a remote round on such engines is three engine requests instead, each with its
 own scheduling, and a prefill whose history arrives over the connector
-(``ampd.serve.history_export``). A probe makes the three as the coordinator makes them:
+(``ampd.engines.history_export``). A probe makes the three as the coordinator makes them:
 
 1. the history on the decode engine, as after a round: its first ``hist`` tokens sent
    there with ``max_tokens=1``;
@@ -34,7 +34,7 @@ from typing import Any
 
 from ampd.profile.engine import ProbedEngine, cached_tokens
 from ampd.profile.scrape import TIME_SCALE, TIME_TO_FIRST_TOKEN, ProbeError, delta, scrape, settled
-from ampd.serve.history_export import EXPORT_PARAMS
+from ampd.engines.history_export import EXPORT_PARAMS
 
 _REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False}
 

@@ -25,7 +25,7 @@ DECODE_TIME = "vllm:request_decode_time_seconds"
 KV_XFER_TIME = "vllm:nixl_xfer_time_seconds"
 KV_BYTES = "vllm:nixl_bytes_transferred"
 CACHE_CONFIG = "vllm:cache_config_info"
-# A mock engine's wall seconds per model second (``ampd.serve.mock_metrics``); vLLM has none.
+# A mock engine's wall seconds per model second (``ampd.engines.mock.metrics``); vLLM has none.
 TIME_SCALE = "ampd_mock_time_scale"
 
 

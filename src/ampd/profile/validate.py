@@ -31,7 +31,8 @@ import httpx
 from ampd.config import EngineWorker, RunConfig, with_perf_model
 from ampd.core.errors import InputError
 from ampd.core.session import Round, Session
-from ampd.experiment import RunOutput, perf_model_for, sessions_for, simulate
+from ampd.run.resolve import perf_model_for, sessions_for
+from ampd.run.simulate import RunOutput, simulate
 from ampd.profile.cpu_use import cpu_seconds, cpu_share
 from ampd.profile.engine_side import coordinator_phases, engine_side, snapshot_engines
 from ampd.profile.profile_file import FORMAT as PROFILE_FORMAT
@@ -39,11 +40,11 @@ from ampd.profile.profile_file import profile_document, write
 from ampd.profile.run import ProfileGrid, fit, measure
 from ampd.profile.sim_vs_real import compare
 from ampd.profile.stack_probe import CALIBRATION_SEED_OFFSET, CALIBRATION_SESSIONS, MEASURED_BY_STACK, stack_from_phases
-from ampd.serve.clock import ScaledClock
-from ampd.serve.nixl_warmup import warm_nixl_pair
-from ampd.serve.replay import ReplayResult, replay
-from ampd.serve.up import LocalCluster
-from ampd.slo_rule import derive_slo
+from ampd.core.clock import ScaledClock
+from ampd.engines.nixl_warmup import warm_nixl_pair
+from ampd.cluster.replay import ReplayResult, replay
+from ampd.cluster.up import LocalCluster
+from ampd.run.slo_rule import derive_slo
 
 # [our choice] A handshake has taken a minute on 2 loaded cores (docs/SERVING.md,
 # "First contact"); ten leaves room for both directions and a slower machine.
@@ -197,7 +198,7 @@ def history_read_min_tokens(config: RunConfig) -> int | None:
 
 def _first_contact(config: RunConfig, workers: list[EngineWorker], model: str, vocab_size: int) -> None:
     """Every NIXL prefill-decode pair's handshakes, before the run (the simulator has
-    none; ``ampd.serve.nixl_warmup``). A pair that does not make them within
+    none; ``ampd.engines.nixl_warmup``). A pair that does not make them within
     ``_FIRST_CONTACT_TIMEOUT_S`` is logged, and its first rounds meet them."""
     # Long enough to be read rather than recomputed: past the read threshold, whole blocks.
     tokens = max(96, 2 * config.serve.nixl_kv_recompute_threshold_tokens)

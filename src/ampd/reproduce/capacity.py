@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ampd.core.session import Session
 from ampd.perf.interface import PerfModel
-from ampd.slo_rule import reference_tp
+from ampd.run.slo_rule import reference_tp
 
 
 def prefill_bound_rate_per_s(perf: PerfModel, sessions: list[Session], num_gpus: int) -> float:

@@ -10,21 +10,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ampd.capacity_search import search_capacities
+from ampd.run.capacity_search import search_capacities
 from ampd.config import RunConfig, override
 from ampd.core.deployment import Deployment
 from ampd.core.errors import InputError
-from ampd.experiment import measure_for, perf_model_for, sample_sessions
+from ampd.run.resolve import measure_for, perf_model_for, sample_sessions
 from ampd.perf.interface import PerfModel
-from ampd.planning import plan_for
+from ampd.run.planning import plan_for
 from ampd.policy.systems import SYSTEMS
 from ampd.reproduce import grid
 from ampd.reproduce.capacity import prefill_bound_rate_per_s
 from ampd.reproduce.deployments import colocated_candidates, disaggregated_candidates
 from ampd.reproduce.search import coarse, pick_best, same_pair
-from ampd.runner import PointRunner
-from ampd.slo_rule import reference_tp
-from ampd.sweep import capacity_row, resolve_slo
+from ampd.run.runner import PointRunner
+from ampd.run.slo_rule import reference_tp
+from ampd.run.sweep import capacity_row, resolve_slo
 
 @dataclass(frozen=True)
 class Prepared:

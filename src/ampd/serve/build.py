@@ -14,18 +14,18 @@ from fastapi import FastAPI
 from ampd.config import RunConfig
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
-from ampd.experiment import knobs_for, perf_model_for, require_tp, slo_for
+from ampd.run.resolve import knobs_for, perf_model_for, require_tp, slo_for
 from ampd.metrics.slo import SloScope
 from ampd.policy.routing import SloThresholds
 from ampd.policy.systems import get_system
-from ampd.serve.app import create_app
-from ampd.serve.auth import AccessPolicy
-from ampd.serve.clock import ScaledClock
+from ampd.serve.api.app import create_app
+from ampd.serve.api.auth import AccessPolicy
+from ampd.core.clock import ScaledClock
 from ampd.serve.coordinator import Coordinator, CoordinatorOptions
-from ampd.serve.decision_log import DecisionLog
-from ampd.serve.memory_store import MemoryStore
-from ampd.serve.redis_store import RedisStore
-from ampd.serve.store import StateStore, WorkerInfo
+from ampd.serve.replica.decision_log import DecisionLog
+from ampd.serve.state.memory_store import MemoryStore
+from ampd.serve.state.redis_store import RedisStore
+from ampd.serve.state.store import StateStore, WorkerInfo
 
 _ROLES = {"prefill": Role.PREFILL, "decode": Role.DECODE}
 

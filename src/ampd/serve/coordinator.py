@@ -1,20 +1,14 @@
 """The AMPD coordinator (AMPD.md section 3): one replica, serving rounds with
 the same policy objects the simulator uses. This file holds the parts together
-and walks a round through them; each life cycle has its own file:
+and walks a round through them; each life cycle has its own room (the
+reading order of a round, docs/SERVING.md "Components"):
 
-| file | owns |
+| room | owns |
 |---|---|
-| ``sessions.py`` | binding, the round lease, KV reservation, giving back a failed round's |
-| ``prompt_index.py`` | the sessions of requests naming none, found from their prompts |
-| ``remote.py`` | a remote prefill: queue, wait, fall back |
-| ``dispatch.py`` | the prefill queues this replica dispatches |
-| ``delivery.py`` | streaming a round, recovery from engine failures |
-| ``measure.py`` | the TTFT / ITL windows the router reads |
-| ``decode_batch.py`` | the decode batches the router reads (size, KV, ITL slack) |
-| ``health.py`` | engine liveness |
-| ``expiry.py`` | idle sessions |
-| ``audit.py`` | the KV reservation invariant; a store that restarted empty |
-| ``sweep.py`` | what a dead replica left in the queues |
+| ``rounds/`` | bind (``sessions``), route (``view_builder``, ``decode_batch``), a remote prefill (``remote``, ``dispatch``), deliver and recover (``delivery``, ``chat``), measure (``windows``, ``phases``) |
+| ``upkeep/`` | idle sessions (``expiry``), the KV invariant and a store that restarted empty (``audit``), what a dead replica left in the queues (``dead_replicas``) |
+| ``replica/`` | what the parts share (``context``), engine liveness (``health``), the decision log, Prometheus metrics |
+| ``state/`` | the shared store (memory, Redis), its mirror, the prompt index |
 
 When the store is unreachable a round is served locally on a replica-local
 binding (degraded, no shared state).
@@ -36,25 +30,25 @@ from ampd.perf.interface import PerfModel
 from ampd.policy.decisions import RouteDecision
 from ampd.policy.reorder import QueuePolicy
 from ampd.policy.routing import Router
-from ampd.serve.audit import ReservationAudit
-from ampd.serve.clock import ScaledClock
-from ampd.serve.context import CoordinatorOptions, ReplicaContext
-from ampd.serve.decision_log import DecisionLog
-from ampd.serve.decode_batch import REPORT_MAX_AGE_S, DecodeBatches
-from ampd.serve.delivery import RoundDelivery
-from ampd.serve.dispatch import PrefillDispatcher
-from ampd.serve.engine_client import Chunk, EngineClient
-from ampd.serve.expiry import IdleExpiry
-from ampd.serve.health import EngineHealth
-from ampd.serve.prompt_index import HistoryIndex, HistoryMatch
-from ampd.serve.measure import LatencyWindows
-from ampd.serve.mirror import StateMirror
-from ampd.serve.remote import RemotePrefill
-from ampd.serve.rounds import FROM_PROMPT, LiveRound, RoundRequest, RoundTrace, ServeError
-from ampd.serve.sessions import SessionBook, need_tokens
-from ampd.serve.store import SessionState, StateStore, StoreUnavailable, WorkerInfo, WorkerState
-from ampd.serve.sweep import InflightSweep
-from ampd.serve.view_builder import cluster_view
+from ampd.serve.upkeep.audit import ReservationAudit
+from ampd.core.clock import ScaledClock
+from ampd.serve.replica.context import CoordinatorOptions, ReplicaContext
+from ampd.serve.replica.decision_log import DecisionLog
+from ampd.serve.rounds.decode_batch import REPORT_MAX_AGE_S, DecodeBatches
+from ampd.serve.rounds.delivery import RoundDelivery
+from ampd.serve.rounds.dispatch import PrefillDispatcher
+from ampd.engines.client import Chunk, EngineClient
+from ampd.serve.upkeep.expiry import IdleExpiry
+from ampd.serve.replica.health import EngineHealth
+from ampd.serve.state.prompt_index import HistoryIndex, HistoryMatch
+from ampd.serve.rounds.windows import LatencyWindows
+from ampd.serve.state.mirror import StateMirror
+from ampd.serve.rounds.remote import RemotePrefill
+from ampd.serve.rounds.round import FROM_PROMPT, LiveRound, RoundRequest, RoundTrace, ServeError
+from ampd.serve.rounds.sessions import SessionBook, need_tokens
+from ampd.serve.state.store import SessionState, StateStore, StoreUnavailable, WorkerInfo, WorkerState
+from ampd.serve.upkeep.dead_replicas import InflightSweep
+from ampd.serve.rounds.view_builder import cluster_view
 
 __all__ = ["Coordinator", "CoordinatorOptions"]
 

@@ -22,7 +22,7 @@ from ampd.policy.reorder import QueuePolicy
 from ampd.policy.routing import Router
 from ampd.sim.decode_worker import SimDecodeWorker
 from ampd.sim.kv_cache import SessionKvCache
-from ampd.sim.limits import RunLimits
+from ampd.core.limits import RunLimits
 from ampd.sim.engine import EventLoop
 from ampd.sim.prefill_worker import SimPrefillWorker
 

@@ -3,7 +3,7 @@
 vLLM loads ``vllm.general_plugins`` entry points in every process it starts
 (API server, engine core, model workers) before a KV connector exists.
 :func:`register` changes nothing unless ampd's variables are set; ``ampd up`` and
-``ampd.serve.vllm_launch`` set them (docs/SERVING.md, "Busy polling on a host
+``ampd.engines.vllm_launch`` set them (docs/SERVING.md, "Busy polling on a host
 with few cores").
 
 Two loops spin, each worth a core:
