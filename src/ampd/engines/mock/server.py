@@ -210,3 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
