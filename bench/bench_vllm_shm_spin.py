@@ -22,15 +22,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_sim_vs_real import MAX_MODEL_LEN, PROFILE, RATE_PER_S, VOCAB_SIZE, config  # noqa: E402
-from common import write_result  # noqa: E402
-from vllm_servers import tiny_model  # noqa: E402
+from common import (  # noqa: E402
+    ROOT, SIM_VS_REAL_PROFILE, SIM_VS_REAL_RATE_PER_S, TINY_MAX_MODEL_LEN, TINY_VOCAB_SIZE, sim_vs_real_config,
+    write_result)
 
 from ampd.config import override  # noqa: E402
+from ampd.engines.local_vllm import write_tiny_model  # noqa: E402
 from ampd.profile.run import ProfileGrid  # noqa: E402
 from ampd.profile.validate import validate  # noqa: E402
 
@@ -43,20 +42,20 @@ ENGINE = ("remote_prefill_engine_s", "remote_prefill_model_s", "itl_engine_s", "
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ampd-bench-shm-spin-"))
-    model_dir = tiny_model(work)
+    model_dir = write_tiny_model(work)
     runs: dict[str, list[dict]] = {name: [] for name in SETTINGS}
     for i in range(REPEATS):
         for name, recheck_ms in SETTINGS.items():
-            run = override(config(model_dir), workload={"num_sessions": NUM_SESSIONS},
-                           serve={"vllm_shm_recheck_ms": recheck_ms})
-            result = validate(run, work / f"{name}-{i}", 1, VOCAB_SIZE, 120.0, MAX_MODEL_LEN, ProfileGrid(),
+            run = override(sim_vs_real_config(model_dir, NUM_SESSIONS), serve={"vllm_shm_recheck_ms": recheck_ms})
+            result = validate(run, work / f"{name}-{i}", 1, TINY_VOCAB_SIZE, 120.0, TINY_MAX_MODEL_LEN, ProfileGrid(),
                               progress=False)
             figures, side = result.figures[0], result.engine_side[0]
             runs[name].append({**{k: figures[k] for k in FIGURES}, **{k: side[k] for k in ENGINE},
                                "failed_sessions": len(result.runs[0].failed)})
             print(name, i, runs[name][-1], flush=True)
     write_result("vllm_shm_spin", {
-        "profile": str(PROFILE.relative_to(ROOT)), "num_sessions": NUM_SESSIONS, "rate_per_s": RATE_PER_S,
+        "profile": str(SIM_VS_REAL_PROFILE.relative_to(ROOT)), "num_sessions": NUM_SESSIONS,
+        "rate_per_s": SIM_VS_REAL_RATE_PER_S,
         "repeats": REPEATS, "settings": {name: {"vllm_shm_recheck_ms": ms} for name, ms in SETTINGS.items()},
         "median": {name: {k: statistics.median(r[k] for r in rs) for k in (*FIGURES, *ENGINE)}
                    for name, rs in runs.items()},

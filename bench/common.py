@@ -1,4 +1,5 @@
-"""Shared by the benchmarks: where results go and what machine produced them."""
+"""Shared by the benchmarks: where results go and what machine produced them, a
+streamed round, and the real-vLLM setups several benchmarks run."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
-REPRODUCE_OUT = Path(__file__).resolve().parent.parent / "out" / "reproduce"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+REPRODUCE_OUT = ROOT / "out" / "reproduce"
 """``ampd reproduce``'s output: its ``results.json`` and its point cache ``points/``, which the
 grid benchmarks read and extend."""
 
@@ -58,3 +60,48 @@ async def stream_round(client, url: str, path: str, body: dict, session_id: str)
                 tokens += len(ids)
     return first, time.perf_counter() - start, tokens
 
+
+
+# The tiny model's config.json, in a folder named as the served model (a spec's name), and
+# this machine's CPU as the "GPU" its cost model is fitted on.
+TINY_MODEL_CONFIG = ROOT / "tests" / "data" / "hf_configs" / "tiny-llama" / "config.json"
+VLLM_CPU_GPU = ROOT / "configs" / "gpus" / "vllm-cpu-host.toml"
+
+
+def nixl_pair(model_dir: Path) -> dict:
+    """A prefill and a decode ``ServerSpec`` of the tiny model with what ``ampd up``
+    gives a ``vllm-nixl`` engine (configs/serve_vllm_nixl_cpu.toml), on free ports."""
+    from ampd.cluster.up import free_port_block
+    from ampd.engines.local_vllm import MODEL_NAME, VLLM_PYTHON
+    from ampd.engines.vllm_launch import NixlConnector, ServerSpec
+
+    return {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port_block(1),
+                             connector=NixlConnector(free_port_block(1), load_failure_policy="fail", bidirectional=True,
+                                                     decoder_kv_blocks_ttl_s=120, ucx_tls="tcp"),
+                             served_model_name=MODEL_NAME) for role in ("prefill", "decode")}
+
+
+# The sim-vs-real experiment (bench_sim_vs_real.py; bench_vllm_shm_spin.py reruns it under
+# other engine settings): ToolBench-like sessions on the tiny model's NIXL cluster.
+SIM_VS_REAL_PROFILE = RESULTS / "sim_vs_real_profile.json"
+SIM_VS_REAL_RATE_PER_S = 0.25
+TINY_VOCAB_SIZE = 2048  # the tiny model's (ampd.engines.tiny_model)
+TINY_MAX_MODEL_LEN = 4096
+
+
+def sim_vs_real_config(model_dir: Path, num_sessions: int = 24):
+    """configs/serve_vllm_nixl_cpu.toml's cluster as a ``RunConfig``, with no perf
+    model: ``validate`` profiles its engines first."""
+    from ampd.cluster.up import free_serve_ports
+    from ampd.config import RunConfig
+    from ampd.engines.local_vllm import MODEL_NAME, VLLM_PYTHON
+
+    return RunConfig(system="ampd-predictive",
+                     cluster={"model": str(TINY_MODEL_CONFIG), "gpu": str(VLLM_CPU_GPU), "num_gpus": 2,
+                              "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>", "decode_batching": "chunked"},
+                     policy={"chunk_tokens": 2048},
+                     workload={"name": "toolbench", "num_sessions": num_sessions,
+                               "rate_per_s": SIM_VS_REAL_RATE_PER_S},
+                     serve={**free_serve_ports(coordinators=1, engines=2), "engine": "vllm-nixl",
+                            "served_model": MODEL_NAME, "vllm_model": str(model_dir), "vllm_python": str(VLLM_PYTHON),
+                            "kv_timeout_s": 120, "nixl_ucx_tls": "tcp", "nixl_decoder_kv_ttl_s": 120})

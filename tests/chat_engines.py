@@ -1,5 +1,5 @@
 """Real vLLM chat engines for the agent and reasoning tests: the byte-level tiny
-model (``tools/tiny_model.py --tokenizer bytes``, which can spell JSON), one
+model (``src/ampd/engines/tiny_model.py --tokenizer bytes``, which can spell JSON), one
 prefill engine, decode engines and one single server, each started with the chat
 flags ``ampd up`` gives them (``chat_server_args``); prefill and decode engines
 on NixlConnector, bidirectional; and a pd-disagg coordinator over them, served
@@ -23,7 +23,8 @@ from ampd.serve.build import build_coordinator
 from ampd.engines.nixl_warmup import warm_nixl_pair
 from ampd.engines.vllm_launch import NixlConnector, ServerSpec, chat_server_args
 from redis_server import free_port
-from vllm_servers import MODEL_NAME, VLLM_PYTHON, running, settled_counters, tiny_model
+from ampd.engines.local_vllm import MODEL_NAME, VLLM_PYTHON, servers_running, write_tiny_model
+from vllm_servers import settled_counters
 
 MAX_TOKENS = 64
 HOLD_S, KV_TIMEOUT_S, STREAM_IDLE_TIMEOUT_S, WARM_UP_TIMEOUT_S = 120, 300, 600, 600  # as test_serve_vllm_nixl
@@ -36,7 +37,7 @@ SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")  # vllm:p
 def chat_engines(work: Path, flags: ServeConfig, decodes: int) -> Iterator[dict[str, str]]:
     """Start "prefill", "decode-0" .. and "single" with ``flags``' chat
     arguments, warm every NIXL pair, yield their URLs by name."""
-    model_dir = tiny_model(work, "bytes")
+    model_dir = write_tiny_model(work, "bytes")
 
     def spec(role, connector):
         return ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(), connector=connector,
@@ -47,7 +48,7 @@ def chat_engines(work: Path, flags: ServeConfig, decodes: int) -> Iterator[dict[
                              decoder_kv_blocks_ttl_s=HOLD_S, ucx_tls="tcp")
     specs = {"prefill": spec("prefill", nixl()), **{f"decode-{i}": spec("decode", nixl()) for i in range(decodes)},
              "single": spec("single", None)}
-    with running(specs, work):
+    with servers_running(specs, work):
         for i in range(decodes):
             asyncio.run(warm_nixl_pair(specs["prefill"].url, specs[f"decode-{i}"].url, MODEL_NAME, BYTE_IDS,
                                        WARM_UP_TIMEOUT_S))

@@ -27,7 +27,8 @@ import pytest
 from chat_engines import chat_engines, chat_round, full_blocks, source_change, through_coordinator
 
 from ampd.config import ServeConfig
-from vllm_servers import MODEL_NAME, settled_counters
+from ampd.engines.local_vllm import MODEL_NAME
+from vllm_servers import settled_counters
 
 FLAGS = ServeConfig(reasoning_parser="deepseek_r1")
 

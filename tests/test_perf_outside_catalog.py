@@ -3,7 +3,7 @@ TOML, one resolver for names and paths, and a simulation run on both.
 
 The config.json fixtures in tests/data/hf_configs/ are the published files' keys, typed by hand
 (meta-llama/Llama-3.1-8B and -70B, Qwen/Qwen3-32B, mistralai/Mixtral-8x7B-v0.1), and
-tools/tiny_model.py's output."""
+src/ampd/engines/tiny_model.py's output."""
 
 import json
 import socket
@@ -54,7 +54,7 @@ def test_llama_8b_params_by_hand():
 
 
 def test_the_tiny_model_loads_with_float32_weights():
-    # tools/tiny_model.py's config (transformers 5 writes "dtype"). Its model.safetensors
+    # src/ampd/engines/tiny_model.py's config (transformers 5 writes "dtype"). Its model.safetensors
     # holds 950,912 float32 values in all (summed from the tensor shapes in its header).
     spec = model_from_hf_config(CONFIGS / "tiny-llama")
     layer = 2 * 128 * 128 + 2 * 128 * 128 + 3 * 128 * 384 + 2 * 128  # q, o; k, v (2 KV heads x 64); MLP; norms

@@ -23,7 +23,8 @@ from ampd.config import load_config
 from ampd.run.resolve import sessions_for
 from ampd.profile.validate import clip_to_context
 from run_configs import write_run_config
-from vllm_servers import ROOT, VLLM_PYTHON, VOCAB, tiny_model
+from ampd.engines.local_vllm import VLLM_PYTHON, write_tiny_model
+from vllm_servers import ROOT, VOCAB
 
 
 
@@ -33,7 +34,7 @@ def test_validate_on_vllm_places_and_counts_every_round_as_the_simulator(tmp_pat
         {"perf_model": str(ROOT / "configs" / "profiles" / "tiny-llama-vllm-cpu.json"), "num_gpus": 2,
          "deployment": "P:<TP=1,DP=1> D:<TP=1,DP=1>"},
         {"name": "toolbench", "num_sessions": 3, "rate_per_s": 0.5},
-        {"engine": "vllm", "served_model": "tiny-llama", "vllm_model": str(tiny_model(tmp_path)),
+        {"engine": "vllm", "served_model": "tiny-llama", "vllm_model": str(write_tiny_model(tmp_path)),
          "vllm_python": str(VLLM_PYTHON), "kv_timeout_s": 120})
     out = tmp_path / "out"
     code = main(["validate", "--config", str(config), "--repeats", "1", "--vocab-size", str(VOCAB.stop), "--quiet",

@@ -3,7 +3,7 @@ prefill and one decode server (ExampleConnector) yields exactly the tokens the s
 conversation yields on a single vLLM server, greedy decoding, once with the second
 round prefilled locally and once remotely. The servers need `.venv-vllm`
 (`make test` builds it with tools/vllm_venv.sh) and a tiny random Llama written by
-tools/tiny_model.py."""
+src/ampd/engines/tiny_model.py."""
 
 import asyncio
 import random
@@ -26,7 +26,8 @@ from ampd.serve.api.app import create_app
 from ampd.serve.build import build_coordinator
 from ampd.engines.vllm_launch import ExampleConnector, ServerSpec
 from redis_server import free_port
-from vllm_servers import MODEL_NAME, ROOT, VLLM_PYTHON, VOCAB, running, sse_tokens, tiny_model
+from ampd.engines.local_vllm import MODEL_NAME, VLLM_PYTHON, servers_running, write_tiny_model
+from vllm_servers import ROOT, VOCAB, sse_tokens
 
 OUTPUT_TOKENS = 8
 
@@ -35,12 +36,12 @@ OUTPUT_TOKENS = 8
 def vllm(tmp_path_factory):
     """A single server (the reference), a prefill server and a decode server."""
     work = tmp_path_factory.mktemp("vllm")
-    model_dir = tiny_model(work)
+    model_dir = write_tiny_model(work)
     connector = ExampleConnector(work / "kv-store")
     specs = {role: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(),
                               connector=None if role == "single" else connector, served_model_name=MODEL_NAME)
              for role in ("single", "prefill", "decode")}
-    with running(specs, work):
+    with servers_running(specs, work):
         yield {role: spec.url for role, spec in specs.items()}
 
 
@@ -112,7 +113,7 @@ def test_two_rounds_through_pd_servers_match_a_single_server(vllm, system, place
 
 
 def test_a_chat_through_the_coordinator_matches_a_single_server(vllm):
-    """The tiny model's chat template (tools/tiny_model.py) renders on vLLM: a chat
+    """The tiny model's chat template (src/ampd/engines/tiny_model.py) renders on vLLM: a chat
     through the coordinator (which has the decode server tokenize the messages, then
     prefills remotely) yields the text the single server's own chat endpoint yields."""
     body = {"model": MODEL_NAME, "max_tokens": OUTPUT_TOKENS, "temperature": 0, "ignore_eos": True,

@@ -38,11 +38,12 @@ from ampd.serve.build import build_coordinator
 from ampd.engines.nixl_warmup import warm_nixl_pair
 from ampd.engines.vllm_launch import NixlConnector, ServerSpec, start_server, stop_server, wait_ready
 from redis_server import free_port
-from vllm_servers import MODEL_NAME, ROOT, VLLM_PYTHON, VOCAB, running, sse_tokens, tiny_model
+from ampd.engines.local_vllm import MODEL_NAME, VLLM_PYTHON, servers_running, write_tiny_model
+from vllm_servers import ROOT, VOCAB, sse_tokens
 from vllm_servers import engine_counters as _counters, settled_counters as _settled
 
 BLOCK_TOKENS = 32  # ServerSpec's block size
-# tools/tiny_model.py: 2 layers x (K, V) x 2 KV heads x 64 dims x 4 bytes (float32) per token
+# src/ampd/engines/tiny_model.py: 2 layers x (K, V) x 2 KV heads x 64 dims x 4 bytes (float32) per token
 KV_BYTES_PER_BLOCK = 2 * 2 * 2 * 64 * 4 * BLOCK_TOKENS
 READ_MIN_TOKENS = 64
 EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
@@ -74,12 +75,12 @@ def _nixl(ttl_s: int) -> NixlConnector:
 def engines(tmp_path_factory):
     """The three servers' specs, started; their processes; the model folder."""
     work = tmp_path_factory.mktemp("vllm-nixl")
-    model_dir = tiny_model(work)
+    model_dir = write_tiny_model(work)
     specs = {name: ServerSpec(role=role, python=VLLM_PYTHON, model_dir=model_dir, port=free_port(),
                               connector=_nixl(ttl_s), served_model_name=MODEL_NAME)
              for name, role, ttl_s in (("prefill", "prefill", HOLD_S), ("decode", "decode", HOLD_S),
                                        ("decode-expiring", "decode", 5))}
-    with running(specs, work) as processes:
+    with servers_running(specs, work) as processes:
         for decode in ("decode", "decode-expiring"):
             _handshake(specs["prefill"].url, specs[decode].url)
         yield {"specs": specs, "processes": processes, "work": work, "model_dir": model_dir}

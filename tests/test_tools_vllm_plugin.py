@@ -7,7 +7,7 @@ import subprocess
 
 from ampd.config import RunConfig
 from ampd.engines.vllm_launch import NIXL_PROGRESS_DELAY_ENV, SHM_RECHECK_ENV, server_command
-from vllm_servers import VLLM_PYTHON
+from ampd.engines.local_vllm import VLLM_PYTHON
 
 
 def _run_in_vllm(script: str, env: dict[str, str]) -> None:

