@@ -307,35 +307,39 @@ def _disconnects(url: str) -> float:
     return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
 
-def test_an_edited_earlier_turn_goes_on_in_its_session_from_the_common_prefix(cluster):
+@pytest.mark.parametrize("named", [False, True], ids=["found", "named"])
+def test_an_edited_earlier_turn_goes_on_in_its_session_from_the_common_prefix(cluster, named):
     """Three turns, then the second user turn edited (the client rewrites it and
     asks again): the prompt extends turn 0's history (its prompt and the 4 ids
     generated, re-rendered exactly) but not turn 1's prompt, so it goes on in
-    the same session as round 3 from turn 0's history (``infer``: diverged).
+    the same session as round 3 from turn 0's history (``infer``: diverged),
+    and so does a session the client names (``X-Session-Id``; ``history``:
+    diverged), whose decode engine holds turn 2's prompt and output.
     What the engine reuses: on the decode engine (a local prefill), the longest
     common prefix with the ids it holds (turn 2's prompt and output), worked out
     by hand in the mock's one-token-a-byte chat: turn 0's history, "\\nuser: "
     (7) and the edited turn's common start "edit-case: about " (17); on a prefill
     engine, the history the coordinator verified (turn 0's)."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "edit-case: where to?"}]
+    extra = {"extra_headers": {"X-Session-Id": f"edit-named-{time.time_ns()}"}} if named else {}
 
     async def go():
         sdk = clients(cluster)
         history, turns = list(messages), []
         for user in ("edit-case: about Rome", "edit-case: and then?"):
-            turns.append(await chat_turn(sdk[0], history, False))
+            turns.append(await chat_turn(sdk[0], history, False, **extra))
             history += [{"role": "assistant", "content": turns[-1].text}, {"role": "user", "content": user}]
-        turns.append(await chat_turn(sdk[1], history, False))
+        turns.append(await chat_turn(sdk[1], history, False, **extra))
         edited = history[:3] + [{"role": "user", "content": "edit-case: about Paris"}]
-        turns.append(await chat_turn(sdk[1], edited, False))
+        turns.append(await chat_turn(sdk[1], edited, False, **extra))
         for client in sdk:
             await client.close()
         return turns
     first, _, _, edit = asyncio.run(go())
     assert (edit.session_id, edit.round_index) == (first.session_id, 3)
     verified = first.prompt_tokens + MAX_TOKENS
-    [inferred] = [d for d in decisions(cluster, "infer") if d["session_id"] == edit.session_id and
-                  d["prompt_tokens"] == edit.prompt_tokens]
+    [inferred] = [d for d in decisions(cluster, "history" if named else "infer")
+                  if d["session_id"] == edit.session_id and d["prompt_tokens"] == edit.prompt_tokens]
     assert (inferred["matched_tokens"], inferred["diverged"]) == (verified, True)
     [route] = [d for d in decisions(cluster, "route") if d["session_id"] == edit.session_id and
                d["round_index"] == 3]

@@ -277,7 +277,10 @@ class LocalCluster:
         while waiting:
             child = waiting[0]
             if child.process.poll() is not None:
-                raise InputError(f"{child.name} exited while starting (code {child.process.returncode}); "
+                # Code 0 with nothing logged: it returned without serving (e.g. a module run with -m
+                # that never calls its main), not a crash.
+                why = " before it served" if child.process.returncode == 0 else ""
+                raise InputError(f"{child.name} exited while starting (code {child.process.returncode}{why}); "
                                  f"{child.log_path}:\n{_tail(child.log_path)}")
             if _healthy(child.health_url):
                 waiting.pop(0)

@@ -171,7 +171,7 @@ class Coordinator:
             raise ServeError(400, f"prompt + max_tokens = {need} tokens of KV; the largest decode engine "
                                   f"holds {self.largest_kv_tokens}")
         if request.session_source != FROM_PROMPT:
-            return await self._open(request, scope)
+            return await self._open(await self.verify_history(request, scope), scope)
         request = await self.find_session(request, scope)
         try:
             return await self._open(request, scope)
@@ -199,6 +199,28 @@ class Coordinator:
         self.ctx.decide("infer", {"session_id": match.session_id, "matched_tokens": match.matched_tokens,
                                   "prompt_tokens": len(request.prompt), "diverged": match.diverged})
         return dataclasses.replace(request, session_id=match.session_id, matched_tokens=match.matched_tokens,
+                                   branch_round=match.round_index if match.diverged else None)
+
+    async def verify_history(self, request: RoundRequest, scope: str) -> RoundRequest:
+        """``request`` (a session the client named) with the history its prompt
+        is verified to extend: the longest of the session's filed rounds
+        (``HistoryIndex.find`` in the session's own index scope). A prompt that
+        extends an earlier round than the latest (an edited turn, reasoning
+        left out) is logged (``history``, ``diverged``) and counts only that
+        round's history as held; one that extends no filed round (none filed:
+        a first round, prompts under one block, a store that failed) is taken
+        to extend all the decode engine holds."""
+        try:
+            match = await self.histories.find(request.prompt, _index_scope(request, scope))
+        except StoreUnavailable as err:
+            self.ctx.store_failed(err)
+            return request
+        if match is None:
+            return request
+        if match.diverged:
+            self.ctx.decide("history", {"session_id": request.session_id, "matched_tokens": match.matched_tokens,
+                                        "prompt_tokens": len(request.prompt), "diverged": True})
+        return dataclasses.replace(request, matched_tokens=match.matched_tokens,
                                    branch_round=match.round_index if match.diverged else None)
 
     async def _open(self, request: RoundRequest, scope: str) -> tuple[RoundTrace, AsyncIterator[Chunk]]:
@@ -234,9 +256,10 @@ class Coordinator:
             # end before max_tokens: a chat server's end of turn, a finished tool call).
             await self.sessions.finish(session_id, trace.decode_worker, len(request.prompt) + len(output),
                                        request.last_round, self.batches.slack_after(live))
-            if request.session_source == FROM_PROMPT and not request.last_round:
-                await self.ctx.store_call(self.histories.record(session_id, scope, request.prompt, output,
-                                                                trace.round_index, request.branch_round))
+            if not request.last_round:
+                await self.ctx.store_call(self.histories.record(session_id, _index_scope(request, scope),
+                                                                request.prompt, output, trace.round_index,
+                                                                request.branch_round))
             done = True
         except ServeError as err:
             self.ctx.metrics.round_failures.labels("client" if err.status < 500 else "server").inc()
@@ -357,3 +380,12 @@ async def _prepend(first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[Ch
             yield chunk
     finally:  # a client that leaves closes the round too (its session is free again)
         await rest.aclose()
+
+
+def _index_scope(request: RoundRequest, scope: str) -> str:
+    """Where a round's history is filed and looked up: under the client's scope
+    for sessions found from the prompt; under the session's own for a session
+    the client named, so that it is verified against its own rounds only and
+    a request naming no session never lands in it."""
+    return scope if request.session_source == FROM_PROMPT else f"{scope}\x00{request.session_id}"
+

@@ -39,11 +39,11 @@ class RoundRequest:
             reservation is then released).
         session_source: where the id came from: the header or body field that
             named it (``requests.session_key_of``), or ``FROM_PROMPT``.
-        matched_tokens: for a session found from the prompt, tokens of its
-            history the prompt is known to start with (its decode engine may
-            hold more: a chat client re-renders the output it was sent); None
-            for a session named by the client (the prompt is taken to extend
-            all the engine holds).
+        matched_tokens: tokens of the session's history the prompt is verified
+            to start with (its decode engine may hold more: a chat client
+            re-renders the output it was sent; an edited turn); None where
+            nothing of the session is filed (the prompt is then taken to
+            extend all the engine holds).
         branch_round: for a prompt that extends an earlier round of its session
             than the latest (``HistoryMatch.diverged``), that round: the
             session's index entries of later rounds are dropped when this round

@@ -34,6 +34,11 @@ cache matches whole blocks by content: never KV of other tokens). What an engine
 reuses may go beyond the match, to the block where the edit begins; the
 coordinator counts only what it verified.
 
+Sessions the client names are filed too, under a scope of their own (the
+client's and the session id), so a prompt of theirs is verified against their
+own rounds only and never found by a request naming no session
+(``Coordinator.verify_history``).
+
 Clients that send text (chat) re-tokenize the model's reply, which need not
 give the ids it generated: the prompt-level entry finds them. Clients that
 send token ids resend the output: the history-level entry tells apart sessions
