@@ -180,7 +180,7 @@ class Coordinator:
                 raise
         # Its history is another conversation's too (their prompts were identical), and that
         # one's round is running: this conversation goes on as a new session.
-        fresh = dataclasses.replace(request, session_id=new_session_id(), matched_tokens=0, branch_round=None)
+        fresh = _continuing(request, HistoryMatch(new_session_id(), 0))
         self.ctx.decide("infer", {"session_id": fresh.session_id, "matched_tokens": 0,
                                   "prompt_tokens": len(request.prompt), "busy": request.session_id})
         return await self._open(fresh, scope)
@@ -198,8 +198,7 @@ class Coordinator:
             match = HistoryMatch(new_session_id(), 0)
         self.ctx.decide("infer", {"session_id": match.session_id, "matched_tokens": match.matched_tokens,
                                   "prompt_tokens": len(request.prompt), "diverged": match.diverged})
-        return dataclasses.replace(request, session_id=match.session_id, matched_tokens=match.matched_tokens,
-                                   branch_round=match.round_index if match.diverged else None)
+        return _continuing(request, match)
 
     async def verify_history(self, request: RoundRequest, scope: str) -> RoundRequest:
         """``request`` (a session the client named) with the history its prompt
@@ -220,8 +219,7 @@ class Coordinator:
         if match.diverged:
             self.ctx.decide("history", {"session_id": request.session_id, "matched_tokens": match.matched_tokens,
                                         "prompt_tokens": len(request.prompt), "diverged": True})
-        return dataclasses.replace(request, matched_tokens=match.matched_tokens,
-                                   branch_round=match.round_index if match.diverged else None)
+        return _continuing(request, match)
 
     async def _open(self, request: RoundRequest, scope: str) -> tuple[RoundTrace, AsyncIterator[Chunk]]:
         if request.session_id in self._active:
@@ -380,6 +378,13 @@ async def _prepend(first: Chunk, rest: AsyncIterator[Chunk]) -> AsyncIterator[Ch
             yield chunk
     finally:  # a client that leaves closes the round too (its session is free again)
         await rest.aclose()
+
+
+def _continuing(request: RoundRequest, match: HistoryMatch) -> RoundRequest:
+    """``request`` as a round of ``match``'s session holding its matched history
+    (``branch_round``: the round a diverged prompt goes on from)."""
+    return dataclasses.replace(request, session_id=match.session_id, matched_tokens=match.matched_tokens,
+                               branch_round=match.round_index if match.diverged else None)
 
 
 def _index_scope(request: RoundRequest, scope: str) -> str:
