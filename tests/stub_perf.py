@@ -4,10 +4,10 @@ out by hand in the tests."""
 from __future__ import annotations
 
 from ampd.core.deployment import WorkerSpec
-from ampd.perf.interface import RemoteStages, RoundPaths, paper_remote_stages
+from ampd.perf.interface import RemoteStages, RoundPaths, TaskByTask, paper_remote_stages
 
 
-class StubPerf:
+class StubPerf(TaskByTask):
     """prefill: 1 ms per new token (history is free); decode step: 20 ms whatever
     the batch; KV transfer: 10 us per token between two workers, 0 within one;
     KV capacity: ``capacity_tokens`` at every TP."""

@@ -1,14 +1,20 @@
 """The catalog-built alpha-beta model: names, capacity, transfers, JSON, shape of the costs."""
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.errors import InputError
 from ampd.perf.alphabeta import ImpossibleFitError
+from ampd.perf import load_perf_model
 from ampd.perf.interface import PerfModel
 from ampd.perf.model import AlphaBetaPerfModel, build_perf_model
+from stub_perf import StubPerf
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +106,24 @@ def test_moe_and_other_gpus_build():
     for model_name, gpu_name in [("Mixtral-8x7B", "H200"), ("Qwen3-32B", "L40S"), ("Llama-3.1-8B", "H100-SXM")]:
         m = build_perf_model(model_name, gpu_name, tps=(1, 2))
         assert m.tps == (1, 2) and m.prefill_s(0, 1000, 2) < m.prefill_s(0, 1000, 1)
+
+
+@pytest.mark.parametrize("source", ["catalog", "profile"])
+def test_array_forms_equal_the_scalar_calls_bit_for_bit(h20, source):
+    # The planner times a whole workload at once: each element must be the scalar call's,
+    # on the paper's stages (catalog) and on measured engine requests (a profile).
+    perf = h20 if source == "catalog" else load_perf_model(ROOT / "configs/profiles/tiny-llama-vllm-cpu.json")
+    tp = perf.tps[0]
+    rng = np.random.default_rng(3)
+    hist = np.concatenate([[0, 0], rng.integers(0, 200_000, 500)])
+    new = np.concatenate([[1, 5000], rng.integers(1, 20_000, 500)])
+    prefill, decode = WorkerSpec(0, Role.PREFILL, tp, 0), WorkerSpec(1, Role.DECODE, tp, 1)
+    stages = perf.remote_stages_array_s(hist, new, prefill, decode)
+    for i, (h, x) in enumerate(zip(hist.tolist(), new.tolist())):
+        assert tuple(float(s[i]) for s in stages) == tuple(perf.remote_stages_s(h, x, prefill, decode))
+        assert perf.prefill_array_s(hist, new, tp)[i] == perf.prefill_s(h, x, tp)
+    # a model with only the scalar forms gets them task by task
+    stub = StubPerf()
+    assert stub.prefill_array_s(hist[:3], new[:3], 1).tolist() == [0.001 * 1, 0.001 * 5000, 0.001 * int(new[2])]
+    assert [s.tolist() for s in stub.remote_stages_array_s(hist[:2], new[:2], prefill, decode)] == [
+        [0.0, 0.0], [0.001 * 1, 0.001 * 5000], [1e-5 * 1, 1e-5 * 5000]]

@@ -10,8 +10,9 @@ from ampd.core.errors import InputError
 from ampd.planner.decode_tau import decode_cells, decode_replica
 from ampd.planner.prefill_tau import _p95_s, prefill_cells
 from ampd.planner.queueing import PrefillChains, fcfs_ttft_s
+from ampd.planner.rounds import RoundTable
 from ampd.planner.stream import build_stream
-from ampd.planner.timeline import level_integral, others_seen, weighted_quantile
+from ampd.planner.timeline import Steps, interval_events, others_seen, weighted_quantile
 from queue_runs import listed
 from stub_perf import StubPerf
 
@@ -155,10 +156,16 @@ def test_stream_by_hand():
 def test_timeline_helpers_by_hand():
     # [0, 2] and [1, 3]: covered 1, 2, 1 over 1 s each; an instant of an interval sees
     # 0 others (weight 1 x 1 s), 1 (weight 2 x 1 s), 0 (1 x 1 s): mean 2 / 4
-    others, weights = others_seen(np.array([0.0, 1.0]), np.array([2.0, 3.0]))
+    others, weights = others_seen(Steps.of(*interval_events(np.array([0.0, 1.0]), np.array([2.0, 3.0]))))
     assert others.tolist() == [0.0, 1.0, 0.0] and weights.tolist() == [1.0, 2.0, 1.0]
-    times, integral = level_integral(np.array([0.0, 1.0, 2.0, 3.0]), np.array([1.0, 1.0, -1.0, -1.0]))
-    assert times.tolist() == [0.0, 1.0, 2.0, 3.0] and integral.tolist() == [0.0, 1.0, 3.0, 4.0]
+    steps = Steps.of(np.array([2.0, 0.0, 3.0, 1.0]), np.array([-1.0, 1.0, -1.0, 1.0]))
+    assert steps.times_s.tolist() == [0.0, 1.0, 2.0, 3.0] and steps.integral().tolist() == [0.0, 1.0, 3.0, 4.0]
+    assert steps.integral_at_events().tolist() == [3.0, 0.0, 4.0, 1.0]
+    # events at one time, in either order: the same positive-length intervals and integral
+    for deltas in ([1.0, 1.0, -1.0, -1.0], [1.0, -1.0, 1.0, -1.0]):
+        tied = Steps.of(np.array([0.0, 1.0, 1.0, 2.0]), np.array(deltas))
+        assert [a.tolist() for a in tied.profile()] == [[1.0, 1.0], [1.0, 1.0]]
+        assert tied.integral_at_events().tolist() == [0.0, 1.0, 1.0, 2.0]
     values, weights = np.array([3.0, 1.0, 2.0]), np.array([0.05, 0.9, 0.05])
     assert weighted_quantile(values, weights, 0.9) == 1.0
     assert weighted_quantile(values, weights, 0.95) == 2.0
@@ -174,3 +181,47 @@ def test_stream_refuses_what_it_cannot_plan_for(sessions, share, message):
     with pytest.raises(InputError) as err:
         build_stream(sessions, 0.05, share)
     assert message in str(err.value)
+
+
+def _fcfs_by_hand(arrival_s, compute_s, after_s, next_task, opening, servers):
+    """The FCFS queue by its definition, with no heap: the ready task of smallest (ready
+    time, index) goes to the replica that frees first."""
+    ready, free_s, ttft_s = {int(t): arrival_s[t] for t in opening}, [-np.inf] * servers, {}
+    while ready:
+        t = min(ready, key=lambda task: (ready[task], task))
+        at_s = ready.pop(t)
+        replica = min(range(servers), key=lambda i: free_s[i])
+        free_s[replica] = max(at_s, free_s[replica]) + compute_s[t]
+        ttft_s[t] = free_s[replica] - at_s
+        if next_task[t] >= 0:
+            ready[int(next_task[t])] = free_s[replica] + after_s[t]
+    return [ttft_s[t] for t in range(len(arrival_s))]
+
+
+@pytest.mark.parametrize("servers", [1, 3])
+def test_the_compiled_queue_is_the_queue_by_definition(servers):
+    # 40 sessions of 1-4 rounds on whole seconds, so ready times tie and the order between
+    # equal ones (by task index) is exercised; the compiled recursion must give the same floats.
+    rng = np.random.default_rng(7)
+    rounds = rng.integers(1, 5, 40)
+    first = np.concatenate([[0], np.cumsum(rounds)[:-1]])
+    m = int(rounds.sum())
+    next_task = np.arange(1, m + 1)
+    next_task[first + rounds - 1] = -1
+    arrival_s = np.repeat(rng.integers(0, 20, 40).astype(float), rounds)
+    compute_s, after_s = rng.choice([0.5, 1.0, 2.0], m), rng.choice([0.0, 1.0, 3.0], m)
+    chains = PrefillChains(arrival_s, np.zeros(m), compute_s, np.zeros(m), np.ones(m, dtype=bool), after_s, next_task)
+    assert fcfs_ttft_s(chains, servers).ttft_s.tolist() == _fcfs_by_hand(arrival_s, compute_s, after_s, next_task,
+                                                                           first, servers)
+
+
+def test_the_round_table_reads_every_round_as_the_sessions_say():
+    sessions = [Session("a", 1.0, (Round(10, 2, 0.25), Round(5, 3, 0.5), Round(7, 1))),
+                Session("b", 0.5, (Round(4, 4),)), Session("c", 2.0, (Round(1, 1, 0.1), Round(2, 2)))]
+    table = RoundTable.of(sessions)
+    assert table.session.tolist() == [0, 0, 0, 1, 2, 2] and table.round_index.tolist() == [0, 1, 2, 0, 0, 1]
+    assert table.history_tokens.tolist() == [s.history_tokens(i) for s in sessions for i in range(len(s.rounds))]
+    assert table.is_last.tolist() == [False, False, True, True, False, True]
+    # ready at pace 0: arrival plus the tools before, added one round at a time
+    assert table.accumulate(table.arrival_s, table.tool_s).tolist() == [1.0, 1.0 + 0.25, 1.0 + 0.25 + 0.5, 0.5,
+                                                                        2.0, 2.0 + 0.1]

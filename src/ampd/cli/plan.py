@@ -80,7 +80,12 @@ def agreement(rows: Sequence[dict], top: int = 3) -> dict:
             "simulated_top": simulated[:top]}
 
 
-def _config(args: argparse.Namespace) -> RunConfig:
+def plan_config(args: argparse.Namespace) -> RunConfig:
+    """The run configuration `ampd plan` plans for, from its parsed arguments.
+
+    Raises:
+        InputError: --deployment given; a colocated system; as the configuration's own checks.
+    """
     config, _ = config_from_args(args)
     workload = {"rate_per_s": args.rate} if args.rate is not None else {}
     if args.trace:
@@ -139,7 +144,7 @@ def _agreement_line(a: dict, top: int) -> str:
 def cmd_plan(args: argparse.Namespace) -> None:
     """Handler of ``ampd plan``: plan, print, optionally simulate, write ``plans.json``."""
     out_dir = output_dir(args, "out/plan")
-    config = _config(args)
+    config = plan_config(args)
     share = default_local_share(config.system) if args.local_share is None else args.local_share
     co_designed = args.local_share is None and get_system(config.system).adaptive
     runner = PointRunner(args.jobs, progress=False)

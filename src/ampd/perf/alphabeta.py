@@ -110,6 +110,16 @@ class PrefillCost:
         return (seg.alpha_s[k] + seg.beta_s[k] * new_tokens + self.delta_s_per_hist_token * hist_tokens
                 + self.gamma_s_per_pair * new_tokens * (hist_tokens + 0.5 * new_tokens))
 
+    def array_s(self, hist_tokens: np.ndarray, new_tokens: np.ndarray) -> np.ndarray:
+        """``__call__`` on every element of two integer arrays of one shape: the same
+        segment (``searchsorted`` on the left is ``bisect_left``) and the same operations
+        in the same order, so each element equals the scalar call's bit for bit."""
+        seg = self.segments
+        k = np.searchsorted(seg.breakpoints, new_tokens, side="left")
+        return (np.asarray(seg.alpha_s)[k] + np.asarray(seg.beta_s)[k] * new_tokens
+                + self.delta_s_per_hist_token * hist_tokens
+                + self.gamma_s_per_pair * new_tokens * (hist_tokens + 0.5 * new_tokens))
+
     def to_dict(self) -> dict:
         return {"segments": self.segments.to_dict(), "gamma_s_per_pair": self.gamma_s_per_pair,
                 "delta_s_per_hist_token": self.delta_s_per_hist_token}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
+import numpy as np
+
 from ampd.core.deployment import WorkerSpec
 from ampd.perf.measured import RequestPaths
 
@@ -49,7 +51,9 @@ class PerfModel(Protocol):
 
     All times are seconds. Implementations must be cheap to call (pure Python
     arithmetic, no numpy per call): the simulator and the router call them on
-    every decision.
+    every decision. The planner times every round of a workload at once through the
+    ``*_array_s`` forms (``TaskByTask`` gives them to a model that has only the scalar
+    ones).
     """
 
     @property
@@ -87,6 +91,16 @@ class PerfModel(Protocol):
         unless the engines' own requests were measured (``ampd.perf.measured.RemotePath``)
         at both workers' TP."""
 
+    def prefill_array_s(self, hist_tokens: np.ndarray, new_tokens: np.ndarray, tp: int) -> np.ndarray:
+        """``prefill_s`` of every task, shapes (m,) of integer token counts in, (m,)
+        seconds out; each element equal to the scalar call's, bit for bit."""
+
+    def remote_stages_array_s(self, hist_tokens: np.ndarray, new_tokens: np.ndarray, prefill: WorkerSpec,
+                              decode: WorkerSpec) -> RemoteStages:
+        """``remote_stages_s`` of every task: shapes (m,) of integer token counts in, a
+        ``RemoteStages`` of (m,) arrays out, each element equal to the scalar call's, bit
+        for bit."""
+
     def round_paths_s(self, prefill_tp: int | None, decode_tp: int) -> RoundPaths:
         """A round's serving time beyond its engines' work and its stages: a local round
         (``prefill_tp`` None) on a decode worker of ``decode_tp``, or a remote one from a
@@ -118,6 +132,24 @@ class PerfModel(Protocol):
     def kv_capacity_tokens(self, tp: int) -> int:
         """KV tokens one replica of ``tp`` GPUs can hold: GPU memory minus weights
         (and a reserve for activations), divided by ``kv_bytes_per_token``."""
+
+
+class TaskByTask:
+    """The ``*_array_s`` forms of ``PerfModel`` by one scalar call per task, for a model
+    that has only the scalar ones (the tests' hand-made models): correct, and as slow
+    as a Python loop over the tasks."""
+
+    def prefill_array_s(self, hist_tokens: np.ndarray, new_tokens: np.ndarray, tp: int) -> np.ndarray:
+        """``PerfModel.prefill_array_s``."""
+        return np.array([self.prefill_s(h, x, tp) for h, x in zip(hist_tokens.tolist(), new_tokens.tolist())],
+                        dtype=np.float64)
+
+    def remote_stages_array_s(self, hist_tokens: np.ndarray, new_tokens: np.ndarray, prefill: WorkerSpec,
+                              decode: WorkerSpec) -> RemoteStages:
+        """``PerfModel.remote_stages_array_s``."""
+        stages = [self.remote_stages_s(h, x, prefill, decode)
+                  for h, x in zip(hist_tokens.tolist(), new_tokens.tolist())]
+        return RemoteStages(*np.array(stages, dtype=np.float64).reshape(len(stages), 3).T)
 
 
 def paper_remote_stages(perf: PerfModel, hist_tokens: int, new_tokens: int, prefill: WorkerSpec,

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 from ampd.core.deployment import WorkerSpec
 from ampd.core.errors import AmpdError, InputError
 from ampd.perf.alphabeta import DecodeCost, PrefillCost
@@ -116,6 +118,18 @@ class AlphaBetaPerfModel:
         except KeyError:
             raise self._unknown_tp(tp) from None
 
+    def prefill_array_s(self, hist_tokens: np.ndarray, new_tokens: np.ndarray, tp: int) -> np.ndarray:
+        """``prefill_s`` of every task (``PerfModel.prefill_array_s``).
+
+        Raises:
+            InputError: no cost function for ``tp``.
+        """
+        try:
+            cost = self.prefill[tp]
+        except KeyError:
+            raise self._unknown_tp(tp) from None
+        return cost.array_s(hist_tokens, new_tokens)
+
     def decode_step_s(self, batch_size: int, context_tokens: int, tp: int) -> float:
         """``T_dec``: one decode iteration of ``batch_size`` sequences, ``context_tokens``
         KV tokens in all, at TP ``tp``.
@@ -162,6 +176,29 @@ class AlphaBetaPerfModel:
         paths = self.remote_request_paths_s(prefill.tp)
         return RemoteStages(0.0, self.remote_export_s(hist_tokens, prefill, decode)
                             + path.prefill(hist_tokens, new_tokens) + paths.prefill, path.join(new_tokens) + paths.join)
+
+    def remote_stages_array_s(self, hist_tokens: np.ndarray, new_tokens: np.ndarray, prefill: WorkerSpec,
+                              decode: WorkerSpec) -> RemoteStages:
+        """``remote_stages_s`` of every task (``PerfModel.remote_stages_array_s``): the same
+        arithmetic in the same order on arrays.
+
+        Raises:
+            InputError: no cost function for the prefill's TP.
+        """
+        if not self.reads_measured_requests(prefill.tp, decode.tp):
+            return RemoteStages(self._kv_transfer_array_s(hist_tokens, decode, prefill),
+                                self.prefill_array_s(hist_tokens, new_tokens, prefill.tp),
+                                self._kv_transfer_array_s(new_tokens, prefill, decode))
+        path = self.measured.remote_path[prefill.tp]
+        paths = self.remote_request_paths_s(prefill.tp)
+        export_s = np.where(hist_tokens > 0, paths.export + path.export(hist_tokens), 0.0)
+        return RemoteStages(np.zeros(hist_tokens.shape), export_s + path.prefill.array_s(hist_tokens, new_tokens)
+                            + paths.prefill, path.join(new_tokens) + paths.join)
+
+    def _kv_transfer_array_s(self, tokens: np.ndarray, src: WorkerSpec, dst: WorkerSpec) -> np.ndarray:
+        """``kv_transfer_s`` of every element of ``tokens``: its arithmetic is elementwise,
+        and its 0 between one worker and itself is spread to the shape."""
+        return np.broadcast_to(np.asarray(self.kv_transfer_s(tokens, src, dst), dtype=np.float64), tokens.shape)
 
     def remote_export_s(self, hist_tokens: int, prefill: WorkerSpec, decode: WorkerSpec) -> float:
         """The history export that leads a measured remote round's compute stage: its

@@ -15,13 +15,12 @@ load is tabulated once over a grid of paces and interpolated.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ampd.core.session import Session
-from ampd.planner.timeline import interval_events, level_integral, level_profile, others_seen, weighted_quantile
+from ampd.planner.rounds import RoundTable
+from ampd.planner.timeline import Steps, interval_events, others_seen, weighted_quantile
 
 # Paces tabulated: log-spaced from 1 ms to this many ITL thresholds; beyond, the values
 # at the last point (a replica that slow is far past its SLO anyway).
@@ -71,13 +70,13 @@ class DecodeLoad:
         return float(np.interp(pace_s, self.pace_s, self.kv_p95_tokens))
 
 
-def build_decode_load(sessions: Sequence[Session], itl_slo_s: float,
+def build_decode_load(table: RoundTable, itl_slo_s: float,
                       window_s: tuple[float, float] | None = None) -> DecodeLoad:
-    """Tabulate the decode load of ``sessions`` (module docstring) up to
+    """Tabulate the decode load of the sessions of ``table`` (module docstring) up to
     ``_GRID_TOP_THRESHOLDS`` x ``itl_slo_s`` per token. With ``window_s`` =
     (from, to), a steady-state stream's measurement window: the load over time
     is read inside it only, and the per-session P95 over the sessions arriving in it."""
-    rounds = _Rounds.of(sessions, window_s)
+    rounds = _Rounds.of(table, window_s)
     grid = np.geomspace(1e-3, max(_GRID_TOP_THRESHOLDS * itl_slo_s, 2e-3), _GRID_POINTS)
     columns = [np.array(c) for c in zip(*(rounds.load_at(p) for p in grid))]
     steps = rounds.output_tokens - 1
@@ -104,17 +103,16 @@ class _Rounds:
     prefilled_tokens: np.ndarray
 
     @classmethod
-    def of(cls, sessions: Sequence[Session], window_s: tuple[float, float] | None) -> "_Rounds":
-        measured = np.array([window_s is None or window_s[0] <= s.arrival_s < window_s[1] for s in sessions])
-        rows = []
-        for index, s in enumerate(sessions):
-            base_s, earlier, last = s.arrival_s, 0, len(s.rounds) - 1
-            for i, r in enumerate(s.rounds):
-                rows.append((index, base_s, earlier, r.output_tokens, r.input_tokens + r.output_tokens,
-                             s.total_tokens if i == last else 0, s.history_tokens(i) + r.input_tokens))
-                base_s, earlier = base_s + r.tool_s, earlier + r.output_tokens
-        columns = [np.array(col, dtype=float) for col in zip(*rows)]
-        return cls(window_s, measured, columns[0].astype(int), *columns[1:])
+    def of(cls, table: RoundTable, window_s: tuple[float, float] | None) -> "_Rounds":
+        arrival_s = table.arrival_s
+        measured = np.ones(arrival_s.size, dtype=bool) if window_s is None else (
+            (window_s[0] <= arrival_s) & (arrival_s < window_s[1]))
+        own = table.input_tokens + table.output_tokens
+        return cls(window_s, measured, table.session, table.accumulate(arrival_s, table.tool_s),
+                   table.accumulate(np.zeros(arrival_s.size), table.output_tokens.astype(float)),
+                   table.output_tokens.astype(float), own.astype(float),
+                   np.where(table.is_last, table.history_tokens + own, 0).astype(float),
+                   (table.history_tokens + table.input_tokens).astype(float))
 
     def load_at(self, pace_s: float) -> tuple[float, np.ndarray, float, float]:
         """The ``DecodeLoad`` columns at ``pace_s`` per token: mean others, others at
@@ -123,23 +121,26 @@ class _Rounds:
         ready_s = self.base_s + self.earlier_output_tokens * pace_s
         end_s = ready_s + self.output_tokens * pace_s
         ends = self.released_tokens > 0
-        level, width_s = level_profile(np.concatenate([ready_s, end_s[ends]]),
-                                       np.concatenate([self.reserved_tokens, -self.released_tokens[ends]]),
-                                       self.window_s)
-        kv_tokens = math.ceil(weighted_quantile(level, width_s, 0.95))
-        others, weights = others_seen(ready_s + pace_s, end_s, self.window_s)
+        kv = Steps.of(np.concatenate([ready_s, end_s[ends]]),
+                      np.concatenate([self.reserved_tokens, -self.released_tokens[ends]]))
+        kv_tokens = math.ceil(weighted_quantile(*kv.profile(self.window_s), 0.95))
+        decoding_from_s = ready_s + pace_s
+        busy = Steps.of(*interval_events(decoding_from_s, end_s))
+        others, weights = others_seen(busy, self.window_s)
         if others.size == 0:
             return 0.0, np.zeros(OTHERS_LEVELS.size), 0.0, kv_tokens
         mean = float(np.sum(others * weights) / np.sum(weights))
         return (mean, weighted_quantile(others, weights, OTHERS_LEVELS),
-                self._session_others_p95(ready_s + pace_s, end_s), kv_tokens)
+                self._session_others_p95(busy, end_s - decoding_from_s), kv_tokens)
 
-    def _session_others_p95(self, starts_s: np.ndarray, ends_s: np.ndarray) -> float:
+    def _session_others_p95(self, busy: Steps, decoding_s: np.ndarray) -> float:
         """P95 over the sessions that decode of the mean number of other sequences their
-        tokens share a step with (a session's tokens are evenly spaced in its rounds)."""
-        times_s, integral = level_integral(*interval_events(starts_s, ends_s))
-        covered = np.interp(ends_s, times_s, integral) - np.interp(starts_s, times_s, integral)
-        decoding_s = np.bincount(self.session, ends_s - starts_s, minlength=self.measured.size)
-        counted = (decoding_s > 0) & self.measured
-        mean_level = np.bincount(self.session, covered, minlength=self.measured.size)[counted] / decoding_s[counted]
+        tokens share a step with (a session's tokens are evenly spaced in its rounds);
+        ``busy``: the steps of the rounds' decoding intervals (starts, then ends), each
+        ``decoding_s`` long."""
+        at = busy.integral_at_events()
+        covered = at[decoding_s.size:] - at[:decoding_s.size]
+        session_s = np.bincount(self.session, decoding_s, minlength=self.measured.size)
+        counted = (session_s > 0) & self.measured
+        mean_level = np.bincount(self.session, covered, minlength=self.measured.size)[counted] / session_s[counted]
         return weighted_quantile(mean_level - 1.0, np.ones(mean_level.size), 0.95)

@@ -99,7 +99,8 @@ def mixed_prefill_cells(stream: NominalStream, perf: PerfModel, degrees: Sequenc
 
 def _work_s(stream: NominalStream, compute_s: np.ndarray) -> float:
     """Prefill work of the window's remote tasks, seconds."""
-    return sum(c for c, counted in zip(compute_s, stream.remote & stream.in_window) if counted)
+    counted = compute_s[stream.remote & stream.in_window]
+    return float(np.cumsum(counted)[-1]) if counted.size else 0.0  # added in order, as a loop adds them
 
 
 def _series(stream: NominalStream, chains: PrefillChains, beside: tuple[ServerGroup, ...], base: TauCell,
@@ -136,12 +137,11 @@ def prefill_chains(stream: NominalStream, perf: PerfModel, tp: int, cross_server
     replica of the same degree at the other end; ``cross_server``: over the network)."""
     prefill = WorkerSpec(0, Role.PREFILL, tp, 0)
     decode = WorkerSpec(1, Role.DECODE, tp, 1 if cross_server else 0)
-    sizes = list(zip(stream.hist_tokens.tolist(), stream.new_tokens.tolist()))
-    stages = [perf.remote_stages_s(h, x, prefill, decode) for h, x in sizes]
-    return PrefillChains(stream.ready_s, [s.read_s for s in stages], [s.compute_s for s in stages],
-                         [s.send_s for s in stages], stream.remote, stream.after_s, stream.next_task,
-                         tuple(perf.round_paths_s(tp, tp)), perf.round_paths_s(None, tp).before_s,
-                         [perf.prefill_s(h, x, tp) for h, x in sizes])
+    stages = perf.remote_stages_array_s(stream.hist_tokens, stream.new_tokens, prefill, decode)
+    return PrefillChains(stream.ready_s, stages.read_s, stages.compute_s, stages.send_s, stream.remote,
+                         stream.after_s, stream.next_task, tuple(perf.round_paths_s(tp, tp)),
+                         perf.round_paths_s(None, tp).before_s,
+                         perf.prefill_array_s(stream.hist_tokens, stream.new_tokens, tp))
 
 
 def _p95_s(ttft_s: np.ndarray, session: np.ndarray, scope: str) -> float:

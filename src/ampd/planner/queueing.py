@@ -3,7 +3,6 @@ the prefill side of the tau estimate (AMPD.md section 2; docs/PLANNER.md, "Prefi
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -162,22 +161,29 @@ def fcfs_ttft_s(chains: PrefillChains, num_servers: int, local_above_s: float = 
 # group, the same IEEE operations in the same order as the Python loop it replaced, which it
 # matched bit for bit on the 256-GPU stream (docs/PLANNER.md, "Planning time"). Stages are
 # shape (groups, m), one row per degree; a task's group is chosen before its own recursion.
+# The heaps are arrays (issue 37: heapq on a list of tuples spent most of each pass
+# boxing them); the ready queue is ordered by (ready time, task index), as the tuples
+# were, so tasks leave it in the same order; a replica heap holds only when each replica
+# frees, so what its minimum reads does not depend on its layout.
 @numba.njit(cache=True, nogil=True)
 def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, opening, counts,
              local_above_s, path_before_s, path_after_s, local_path_s, local_s):
-    pending = [(arrival_s[t], t) for t in opening]
-    heapq.heapify(pending)
-    free_s = [[-math.inf] * counts[g] for g in range(counts.size)]
+    size = opening.size
+    ready_keys = arrival_s[opening].copy()
+    ready_tasks = opening.astype(np.int64)
+    for i in range(size // 2 - 1, -1, -1):
+        _sift_ready(ready_keys, ready_tasks, size, i)
+    free_s = np.full((counts.size, counts.max()), -math.inf)
     ttft_s = np.zeros(arrival_s.size)
     local = ~remote
     routed, waited = local_above_s < math.inf, False
-    while pending:
-        ready, t = heapq.heappop(pending)
-        g, queued_s = 0, free_s[0][0] - ready if free_s[0][0] > ready else 0.0
+    while size > 0:
+        ready, t = ready_keys[0], ready_tasks[0]
+        g, queued_s = 0, free_s[0, 0] - ready if free_s[0, 0] > ready else 0.0
         if routed:
             best_s = queued_s + read_s[0, t] + compute_s[0, t] + send_s[0, t] + path_before_s[0] + path_after_s[0]
         for other in range(1, counts.size):
-            other_queued_s = free_s[other][0] - ready if free_s[other][0] > ready else 0.0
+            other_queued_s = free_s[other, 0] - ready if free_s[other, 0] > ready else 0.0
             if routed:
                 other_s = (other_queued_s + read_s[other, t] + compute_s[other, t] + send_s[other, t]
                            + path_before_s[other] + path_after_s[other])
@@ -186,22 +192,63 @@ def _lindley(arrival_s, read_s, compute_s, send_s, remote, after_s, next_task, o
             elif other_queued_s < queued_s:
                 g, queued_s = other, other_queued_s
         # mixed: an idle replica more in the first group could take a task the others took
-        waited = waited or (counts.size > 1 and remote[t] and free_s[0][0] > ready)
+        waited = waited or (counts.size > 1 and remote[t] and free_s[0, 0] > ready)
         if routed and remote[t]:
             local[t] = best_s > local_above_s
             # sent away from busy replicas: more replicas would have kept it, as a wait would
             waited = waited or (local[t] and queued_s > 0.0)
         if not local[t]:
-            servers = free_s[g]
             start = ready + path_before_s[g] + read_s[g, t]
-            if servers[0] > start:
-                start, waited = servers[0], True
+            if free_s[g, 0] > start:
+                start, waited = free_s[g, 0], True
             end = start + compute_s[g, t]
-            heapq.heapreplace(servers, end)
+            free_s[g, 0] = end
+            _sift_free(free_s[g], counts[g])
             first = end + send_s[g, t] + path_after_s[g]
         else:
             first = ready + local_path_s + local_s[t]
         ttft_s[t] = first - ready
-        if next_task[t] >= 0:
-            heapq.heappush(pending, (first + after_s[t], next_task[t]))
+        if next_task[t] >= 0:  # the session's next round takes this one's place in the queue
+            ready_keys[0], ready_tasks[0] = first + after_s[t], next_task[t]
+        else:
+            size -= 1
+            ready_keys[0], ready_tasks[0] = ready_keys[size], ready_tasks[size]
+        _sift_ready(ready_keys, ready_tasks, size, 0)
     return ttft_s, waited, local
+
+
+@numba.njit(cache=True, nogil=True)
+def _sift_ready(keys, tasks, size, i):
+    """Restore the ready queue's heap order below entry ``i`` (entries ordered by key, then task)."""
+    key, task = keys[i], tasks[i]
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and (keys[child + 1] < keys[child]
+                                 or (keys[child + 1] == keys[child] and tasks[child + 1] < tasks[child])):
+            child += 1
+        if keys[child] < key or (keys[child] == key and tasks[child] < task):
+            keys[i], tasks[i] = keys[child], tasks[child]
+            i = child
+        else:
+            break
+    keys[i], tasks[i] = key, task
+
+
+@numba.njit(cache=True, nogil=True)
+def _sift_free(free_s, size):
+    """Restore a replica heap's order after its root (the replica that freed first) changed."""
+    value, i = free_s[0], 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and free_s[child + 1] < free_s[child]:
+            child += 1
+        if free_s[child] < value:
+            free_s[i] = free_s[child]
+            i = child
+        else:
+            break
+    free_s[i] = value

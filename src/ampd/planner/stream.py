@@ -31,6 +31,7 @@ import numpy as np
 from ampd.core.errors import InputError
 from ampd.core.session import Session
 from ampd.planner.decode_load import DecodeLoad, build_decode_load
+from ampd.planner.rounds import RoundTable
 
 
 @dataclass(frozen=True)
@@ -95,32 +96,31 @@ def build_stream(sessions: Sequence[Session], itl_s: float, local_share: float,
         raise InputError(f"local_share must be in [0, 1), got {local_share}")
     if len({s.arrival_s for s in sessions}) < 2:
         raise InputError("the planner needs at least 2 sessions with different arrival times to know the load")
-    rows = sorted(row for index, s in enumerate(sessions) for row in _prefills(index, s, itl_s))
-    ready_s, _, round_index, hist, new, session, after_s = (np.array(col) for col in zip(*rows))
-    position = {(s, r): i for i, (s, r) in enumerate(zip(session.tolist(), round_index.tolist()))}
-    next_task = np.array([position.get((s, r + 1), -1) for s, r in zip(session.tolist(), round_index.tolist())])
+    table = RoundTable.of(sessions)
+    after_all_s = (table.output_tokens - 1) * itl_s + table.tool_s
+    ready_all_s = table.accumulate(table.arrival_s, itl_s + after_all_s)
+    # ready order; ties by session id, then round (then input order, for ids given twice)
+    id_rank = np.empty(len(sessions), dtype=np.int64)
+    id_rank[sorted(range(len(sessions)), key=lambda i: sessions[i].session_id)] = np.arange(len(sessions))
+    order = np.lexsort((table.session, table.round_index, id_rank[table.session], ready_all_s))
+    position = np.empty(order.size, dtype=np.int64)
+    position[order] = np.arange(order.size)
+    following = np.append(position[1:], -1)
+    next_task = np.where(table.is_last, -1, following)[order]
+    ready_s, hist, new, session, after_s = (column[order] for column in (
+        ready_all_s, table.history_tokens, table.input_tokens, table.session, after_all_s))
     index = np.arange(ready_s.size)
     remote = np.floor((index + 1) * (1.0 - local_share)) > np.floor(index * (1.0 - local_share))
     if not remote.any():
         raise InputError(f"local_share {local_share} leaves none of the {ready_s.size} prefills to prefill replicas")
-    arrivals_s = np.array([s.arrival_s for s in sessions])
     if window_s is None:
         measured = np.ones(ready_s.size, dtype=bool)
         read_s = (float(ready_s[0]), float(ready_s[-1]))
     else:
-        measured = (arrivals_s[session] >= window_s[0]) & (arrivals_s[session] < window_s[1])
+        measured = (table.arrival_s[session] >= window_s[0]) & (table.arrival_s[session] < window_s[1])
         if not measured.any():
             raise InputError(f"no session arrives in the planner's window {window_s[0]:.0f}-{window_s[1]:.0f} s")
         read_s = window_s
     return NominalStream(ready_s, hist, new, session, remote, next_task, after_s, local_share,
-                         build_decode_load(sessions, itl_s, window_s), read_s, measured)
+                         build_decode_load(table, itl_s, window_s), read_s, measured)
 
-
-def _prefills(index: int, session: Session, itl_s: float) -> list[tuple[float, str, int, int, int, int, float]]:
-    """(ready_s, session_id, round, hist_tokens, new_tokens, session index, after_s) of each round."""
-    rows, ready_s = [], session.arrival_s
-    for i, rnd in enumerate(session.rounds):
-        after_s = (rnd.output_tokens - 1) * itl_s + rnd.tool_s
-        rows.append((ready_s, session.session_id, i, session.history_tokens(i), rnd.input_tokens, index, after_s))
-        ready_s += itl_s + after_s
-    return rows
