@@ -11,6 +11,8 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ampd.metrics.report import write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 REPRODUCE_OUT = ROOT / "out" / "reproduce"
@@ -38,7 +40,7 @@ def write_result(name: str, figures: dict) -> Path:
     path = RESULTS / f"{name}.json"
     payload = {"benchmark": name, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "machine": machine(), **figures}
-    path.write_text(json.dumps(payload, indent=2) + "\n")
+    write_json(path, payload)  # NaN and infinities as null: standard JSON, as tests/test_docs.py checks
     print(f"wrote {path}")
     return path
 

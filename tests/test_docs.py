@@ -4,6 +4,7 @@ scratch folder (a block that talks to a coordinator at ``COORDINATOR_URL`` gets
 the cluster of configs/serve_mock.toml, started on free ports); and CONFIG.md's
 configuration is one the code accepts."""
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -64,3 +65,13 @@ def test_config_md_is_a_valid_configuration_naming_every_system():
     first, second = text.splitlines()[:2]  # `system = ...` and its comment's second line
     listed = " ".join(line.split("#", 1)[1] for line in (first, second)).replace("|", " ").split()
     assert sorted(listed) == sorted(SYSTEMS), where
+
+
+def _refuse(constant: str):
+    raise ValueError(f"{constant} is not JSON (a figure that does not exist is null)")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "bench" / "results").rglob("*.json")), ids=lambda p: p.name)
+def test_bench_results_are_standard_json(path):
+    # What the docs quote must load in any JSON reader: NaN and Infinity are Python's, not JSON's.
+    json.loads(path.read_text(), parse_constant=_refuse)
