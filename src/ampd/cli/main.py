@@ -10,7 +10,7 @@ import sys
 from ampd.cli import plan, profile, replay, reproduce, serve, validate
 from ampd.cli.options import add_run_options, config_from_args, output_dir, positive_int
 from ampd.cli.tables import arrivals_text, capacity_table, print_table, summary_table
-from ampd.config import RunConfig, SweepConfig, SweepWorkload, override
+from ampd.config import DEFAULT_SWEEP_SYSTEMS, RunConfig, SweepConfig, SweepWorkload, override
 from ampd.core.errors import AmpdError, InputError
 from ampd.run.simulate import simulate
 from ampd.measure import STABLE, TRANSIENT
@@ -62,7 +62,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
 
 def _sweep_from_args(args: argparse.Namespace, base: RunConfig, sweep: SweepConfig | None) -> SweepConfig:
     """The file's [sweep] table with --systems, --workloads and --rates applied."""
-    systems = args.systems or (sweep.systems if sweep else ["ampd", "pd-disagg"])
+    systems = args.systems or (sweep.systems if sweep else list(DEFAULT_SWEEP_SYSTEMS))
     if args.rates and not args.workloads and sweep is not None:
         workloads = [w.model_copy(update={"rates_per_s": args.rates}) for w in sweep.workloads]
     elif args.workloads or args.rates or sweep is None:
@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=cmd_simulate)
     sw = sub.add_parser("sweep", help="simulate systems x workloads x rates; table and PNG")
     add_run_options(sw)
-    sw.add_argument("--systems", type=_names, help=f"comma-separated, of {', '.join(SYSTEMS)} (default: ampd,pd-disagg)")
+    sw.add_argument("--systems", type=_names,
+                    help=f"comma-separated, of {', '.join(SYSTEMS)} (default: {','.join(DEFAULT_SWEEP_SYSTEMS)})")
     sw.add_argument("--workloads", type=_names, help="comma-separated workloads (as in simulate --workload)")
     sw.add_argument("--rates", type=_floats, help="comma-separated rates (sessions/s), every workload")
     sw.add_argument("--capacity", action="store_true", default=None,

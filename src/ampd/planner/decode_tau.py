@@ -49,7 +49,6 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from scipy.stats import binom
 
 from ampd.core.deployment import ReplicaGroup, Role
 from ampd.perf.interface import PerfModel
@@ -274,6 +273,8 @@ def _itl_p95_s(r: DecodeReplica, dp: float, gap_s: float, interrupted: float, ad
     """P95 of a token gap: one decode step at the batch the token sees (module
     docstring), plus, with probability ``interrupted``, what a local prefill adds
     to a gap (``added_s``, its quantiles)."""
+    from scipy.stats import binom  # here, not at the top: scipy.stats takes most of a second to import
+
     cluster = np.rint(r.stream.decode.others_quantiles_at(gap_s))
     mine = binom.ppf(_THINNING_LEVELS[:, None], cluster[None, :], 1.0 / dp).ravel()
     batches, counts = np.unique(mine, return_counts=True)
