@@ -7,7 +7,9 @@ import pytest
 
 from ampd.core import Round, Session
 from ampd.core.errors import InputError
-from ampd.planner.decode_tau import decode_cells, decode_replica
+from ampd.policy.batching import Batching, local_prefill
+from ampd.perf import build_perf_model
+from ampd.planner.decode_tau import _chunked_local_prefills, decode_cells, decode_replica
 from ampd.planner.prefill_tau import _p95_s, prefill_cells
 from ampd.planner.queueing import PrefillChains, fcfs_ttft_s
 from ampd.planner.rounds import RoundTable
@@ -225,3 +227,14 @@ def test_the_round_table_reads_every_round_as_the_sessions_say():
     # ready at pace 0: arrival plus the tools before, added one round at a time
     assert table.accumulate(table.arrival_s, table.tool_s).tolist() == [1.0, 1.0 + 0.25, 1.0 + 0.25 + 0.5, 0.5,
                                                                         2.0, 2.0 + 0.1]
+
+
+@pytest.mark.parametrize("batch_size", [0, 1, 37, 2047, 2048])
+def test_chunked_local_prefills_stepped_together_are_each_the_scalar_estimate(batch_size):
+    # The planner steps its 50 representative prefills together; each must be exactly
+    # what the router's scalar estimate gives for it alone.
+    perf, batching = build_perf_model("Llama-3.1-70B", "H20"), Batching("chunked")
+    hist, new = np.array([0, 1000, 50_000, 7]), np.array([1, 4000, 2047, 9000])
+    together = _chunked_local_prefills(perf, 4, batching, hist, new, batch_size, 30_000)
+    alone = [local_prefill(perf, 4, batching, h, x, batch_size, 30_000) for h, x in zip(hist.tolist(), new.tolist())]
+    assert together == alone

@@ -52,7 +52,7 @@ import numpy as np
 
 from ampd.core.deployment import ReplicaGroup, Role
 from ampd.perf.interface import PerfModel
-from ampd.policy.batching import Batching, local_prefill
+from ampd.policy.batching import Batching, LocalPrefill, local_prefill
 from ampd.planner.cells import TauCell, mixtures
 from ampd.planner.stream import NominalStream
 from ampd.planner.timeline import weighted_quantile
@@ -144,16 +144,22 @@ def decode_replica(stream: NominalStream, perf: PerfModel, tp: int, batching: Ba
     visits costs 50 estimates, not one per task.
     """
     local = spread_locals(stream) if local is None else local
-    tasks = list(zip(local.hist_tokens.tolist(), local.new_tokens.tolist()))
+    hist_tokens, new_tokens = local.hist_tokens, local.new_tokens
     levels = (np.arange(_PREFILL_LEVELS) + 0.5) / _PREFILL_LEVELS
-    if batching.chunked and tasks:
-        by_time = np.argsort([perf.prefill_s(h, x, tp) for h, x in tasks], kind="stable")
-        tasks = [tasks[i] for i in by_time[(levels * len(tasks)).astype(int)]]
+    if batching.chunked and hist_tokens.size:
+        by_time = np.argsort(perf.prefill_array_s(hist_tokens, new_tokens, tp), kind="stable")
+        picked = by_time[(levels * hist_tokens.size).astype(int)]
+        hist_tokens, new_tokens = hist_tokens[picked], new_tokens[picked]
     context_tokens = stream.decode.mean_context_tokens
 
     @functools.lru_cache(maxsize=None)
     def local_at(batch: int) -> _LocalStats:
-        runs = [local_prefill(perf, tp, batching, h, x, batch, round(batch * context_tokens)) for h, x in tasks]
+        if batching.chunked:
+            runs = _chunked_local_prefills(perf, tp, batching, hist_tokens, new_tokens, batch,
+                                           round(batch * context_tokens))
+        else:
+            runs = [local_prefill(perf, tp, batching, h, x, batch, round(batch * context_tokens))
+                    for h, x in zip(hist_tokens.tolist(), new_tokens.tolist())]
         added = [a for run in runs for a in run.added_s]
         if not added:
             return _LocalStats(math.inf, np.zeros(levels.size), 0.0)
@@ -171,6 +177,32 @@ def decode_replica(stream: NominalStream, perf: PerfModel, tp: int, batching: Ba
         return perf.decode_step_s(batch, round(batch * context_tokens), tp)
 
     return DecodeReplica(perf, tp, stream, stats, local.per_s, perf.kv_capacity_tokens(tp), step_s)
+
+
+def _chunked_local_prefills(perf: PerfModel, tp: int, batching: Batching, hist_tokens: np.ndarray,
+                            new_tokens: np.ndarray, batch_size: int, context_tokens: int) -> list[LocalPrefill]:
+    """``policy.batching.local_prefill`` of each of the prefills ``(hist_tokens[i],
+    new_tokens[i])`` under chunks, all stepped together so that each step's prefill
+    costs are one array call (``PerfModel.prefill_array_s``): every chunk, step time,
+    addition and sum is the scalar function's, in its order, so each result equals it
+    bit for bit (tests/test_planner_tau.py)."""
+    if batch_size >= batching.chunk_tokens:
+        return [LocalPrefill(math.inf, ())] * hist_tokens.size  # the batch takes the whole budget
+    done = np.zeros(hist_tokens.size, dtype=np.int64)
+    total_s = np.zeros(hist_tokens.size)
+    added_s: list[list[float]] = [[] for _ in range(hist_tokens.size)]
+    while (running := np.flatnonzero(done < new_tokens)).size:
+        chunk = np.minimum(new_tokens[running] - done[running], batching.chunk_tokens - batch_size)
+        step_s = perf.prefill_array_s(hist_tokens[running] + done[running], chunk, tp)
+        if batch_size:
+            decode_s = perf.decode_step_s(batch_size, context_tokens, tp)
+            step_s = step_s + (decode_s - perf.decode_step_s(1, 0, tp))
+            for i, a in zip(running.tolist(), (step_s - decode_s).tolist()):
+                added_s[i].append(a)
+        total_s[running] += step_s
+        done[running] += chunk
+        context_tokens += batch_size
+    return [LocalPrefill(t, tuple(a)) for t, a in zip(total_s.tolist(), added_s)]
 
 
 def mixed_decode_cells(replicas: Sequence[DecodeReplica], max_gpus: int, itl_slo_s: float,
