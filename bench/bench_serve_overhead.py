@@ -7,15 +7,24 @@ system, every prefill local). Remote rounds: client -> prefill engine -> decode
 engine (the client doing the two steps itself) vs client -> coordinator (queue,
 dispatch, both steps). Rounds run one at a time on fresh sessions (512-token
 prompts, 16 output tokens), so engine time is the same on both paths; the medians'
-difference is the overhead (TTFT, whole round, and per output token).
+difference is the overhead (TTFT, whole round, and per output token). Also the
+coordinator's CPU time per round: its process's user + system time over the
+measured rounds (``psutil``), divided by their number.
 
 Run: ``python bench/bench_serve_overhead.py`` -> ``bench/results/serve_overhead.json``.
+With ``--baseline-src DIR`` (the ``src`` of another checkout, e.g. ``git worktree add
+/tmp/before <rev>``), the same measurement of that checkout's coordinator first, in
+the same run, written beside this one's under ``baseline``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import os
 import random
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -25,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
+import psutil  # noqa: E402
 from common import stream_round, write_result  # noqa: E402
 
 from ampd.config import RunConfig  # noqa: E402
@@ -58,16 +68,20 @@ async def _direct_remote(client: httpx.AsyncClient, prefill_url: str, decode_url
     return ttft + elapsed - total, elapsed, tokens
 
 
-async def _measure(paths: dict) -> dict:
+async def _measure(paths: dict, coordinator: psutil.Process) -> tuple[dict, float]:
+    """Samples of each path, and the coordinator's CPU seconds per measured round."""
     samples = {name: [] for name in paths}
     rng = random.Random(0)
     async with httpx.AsyncClient(timeout=60) as client:
         for i in range(ROUNDS + 5):
+            if i == 5:  # warm-up rounds left out
+                cpu = coordinator.cpu_times()
             for name, call in paths.items():
                 result = await call(client, _body(rng), f"{name}-{i}")
-                if i >= 5:  # warm-up rounds left out
+                if i >= 5:
                     samples[name].append(result)
-    return samples
+    after = coordinator.cpu_times()
+    return samples, (after.user + after.system - cpu.user - cpu.system) / ROUNDS
 
 
 def _medians(samples: list[tuple[float, float, int]]) -> dict:
@@ -83,26 +97,51 @@ def _overhead(name: str, base: dict, through: dict) -> dict:
                                               - (through["ttft_ms"] - base["ttft_ms"])) / (OUTPUT_TOKENS - 1)}
 
 
-def main() -> None:
+def measure() -> dict:
+    """Every figure of this checkout's coordinator (module docstring)."""
     figures = {}
     with tempfile.TemporaryDirectory() as logs:
         with LocalCluster(_config("vllm", "D:<TP=1,DP=1>"), Path(logs) / "local") as cluster:
             engine, coordinator = cluster.config.serve.workers[0].url, cluster.urls[0]
-            samples = asyncio.run(_measure({
+            samples, cpu_s = asyncio.run(_measure({
                 "direct": lambda c, b, s: stream_round(c, engine, "/v1/completions", b, s),
-                "coordinator": lambda c, b, s: stream_round(c, coordinator, "/v1/completions", b, s)}))
+                "coordinator": lambda c, b, s: stream_round(c, coordinator, "/v1/completions", b, s)},
+                psutil.Process(cluster.child("coordinator-0").process.pid)))
             figures.update(_overhead("local", _medians(samples["direct"]), _medians(samples["coordinator"])))
+            figures["local_coordinator_cpu_ms_per_round"] = 1e3 * cpu_s
         with LocalCluster(_config("pd-disagg", "P:<TP=1,DP=1> D:<TP=1,DP=1>"), Path(logs) / "remote") as cluster:
             prefill, decode = (w.url for w in cluster.config.serve.workers)
             coordinator = cluster.urls[0]
-            samples = asyncio.run(_measure({
+            samples, cpu_s = asyncio.run(_measure({
                 "direct": lambda c, b, s: _direct_remote(c, prefill, decode, b, s),
-                "coordinator": lambda c, b, s: stream_round(c, coordinator, "/v1/completions", b, s)}))
+                "coordinator": lambda c, b, s: stream_round(c, coordinator, "/v1/completions", b, s)},
+                psutil.Process(cluster.child("coordinator-0").process.pid)))
             figures.update(_overhead("remote", _medians(samples["direct"]), _medians(samples["coordinator"])))
+            figures["remote_coordinator_cpu_ms_per_round"] = 1e3 * cpu_s
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline-src", type=Path, help="src folder of a baseline checkout, measured first")
+    parser.add_argument("--figures-only", action="store_true", help=argparse.SUPPRESS)  # the baseline's child run
+    args = parser.parse_args()
+    if args.figures_only:
+        print(json.dumps(measure()))
+        return
+    result = {"rounds": ROUNDS, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS, "store": "redis",
+              "engines": "mock, time scale 1"}
+    if args.baseline_src:
+        # The same script under the baseline's package: its cluster's children inherit PYTHONPATH.
+        child = subprocess.run([sys.executable, __file__, "--figures-only"], check=True, capture_output=True,
+                               text=True, env={**os.environ, "PYTHONPATH": str(args.baseline_src.resolve())})
+        commit = subprocess.run(["git", "-C", str(args.baseline_src), "rev-parse", "HEAD"], check=True,
+                                capture_output=True, text=True).stdout.strip()
+        result["baseline"] = {"commit": commit, **json.loads(child.stdout.splitlines()[-1])}
+    figures = measure()
     for k, v in figures.items():
         print(f"{k}: {v:.2f}")
-    write_result("serve_overhead", {"rounds": ROUNDS, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
-                                    "store": "redis", "engines": "mock, time scale 1", **figures})
+    write_result("serve_overhead", {**result, **figures})
 
 
 if __name__ == "__main__":

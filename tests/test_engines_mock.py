@@ -21,6 +21,7 @@ from ampd.core.deployment import Role, WorkerSpec
 from ampd.core.task import PrefillTask
 from ampd.policy.reorder import Fcfs
 from ampd.core.clock import ScaledClock
+from ampd.engines.client import EngineClient
 from ampd.engines.mock.engine import DEFAULT_VOCAB_SIZE, EngineOptions, MockEngine, engine_perf_model, token_id
 from ampd.engines.mock.requests import parse_request
 from ampd.engines.mock.server import create_app, main
@@ -379,3 +380,30 @@ def test_tokenize_is_bytes_and_renders_chat_messages():
     assert chat["count"] == len("user: hi\nassistant: ")  # the reply follows "assistant: "
     with pytest.raises(ValueError, match="prompt"):
         tokenize_body({"prompt": 3}, 32000)
+
+
+def test_the_coordinators_client_keeps_one_connection_across_streamed_rounds():
+    # A streamed round read to its [DONE] must hand its connection back to the pool: the
+    # engine sees every round of a session, and the next session's, arrive on one TCP
+    # connection (the client's port, as the server saw it, never changes).
+    seen_ports = []
+    app = _app(Role.DECODE)
+
+    async def counting(scope, receive, send):
+        if scope["type"] == "http":
+            seen_ports.append(scope["client"][1])
+        await app(scope, receive, send)
+
+    async def go(url):
+        engines = EngineClient()
+        try:
+            for session_id in ("a", "a", "b"):
+                tokens = [t for chunk in [c async for c in engines.stream(url, _body(list(range(40)), 3), session_id)]
+                          for t in chunk.token_ids]
+                assert len(tokens) == 3
+        finally:
+            await engines.close()
+
+    with serving(counting) as url:
+        asyncio.run(go(url))
+    assert len(seen_ports) == 3 and len(set(seen_ports)) == 1

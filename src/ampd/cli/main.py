@@ -14,7 +14,6 @@ from ampd.config import DEFAULT_SWEEP_SYSTEMS, RunConfig, SweepConfig, SweepWork
 from ampd.core.errors import AmpdError, InputError
 from ampd.run.simulate import simulate
 from ampd.measure import STABLE, TRANSIENT
-from ampd.metrics.plot import plot_attainment
 from ampd.metrics.report import decision_rows, round_rows, write_csv, write_json, write_jsonl
 from ampd.policy.systems import SYSTEMS
 from ampd.run.runner import PointRunner
@@ -112,6 +111,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     write_json(out_dir / "sweep.json", {"rows": rows, "capacities": capacities,
                                         "configs": [resolve_measure(x).model_dump(mode="json") for x in configs]})
     write_csv(out_dir / "sweep.csv", rows)
+    from ampd.metrics.plot import plot_attainment  # here: matplotlib takes ~0.5 s to import, only sweep draws
+
     plot_attainment(rows, out_dir / "sweep.png", "\n".join([cluster, *_workload_notes(rows)]),
                     {(r["workload"], r["system"]): r["capacity_per_s"] for r in capacities})
     print(f"results in {out_dir}/ (sweep.json with every run's configuration, sweep.csv, sweep.png)")

@@ -8,7 +8,6 @@ import dataclasses
 from ampd.cli.options import non_negative_int, output_dir, positive_int
 from ampd.cli.tables import fit_table, print_table
 from ampd.perf.resolve import resolve_gpu, resolve_model
-from ampd.profile.plots import plot_profile
 from ampd.profile.profile_file import profile_document, write
 from ampd.profile.run import ProfileGrid, run
 
@@ -36,6 +35,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
     path = write(document, out_dir / "profile.json")
     engine = fingerprints["decode_engine"]
     title = f"{engine['model']} on {' '.join(filter(None, (engine['engine'], engine.get('engine_version'))))}, TP={args.tp}"
+    from ampd.profile.plots import plot_profile  # here: matplotlib takes ~0.5 s to import, only profile draws
+
     plots = plot_profile(points, fits, title, out_dir)
     remote = fits["remote"] or {}
     named = [("T_pre", fits["prefill"]), ("T_dec", fits["decode"]), ("T_kv", fits["kv"]),

@@ -14,7 +14,6 @@ from ampd.cli.profile import QUICK_GRID
 from ampd.cli.tables import print_table
 from ampd.metrics.report import round_rows, write_csv, write_json
 from ampd.perf.perf_file import load_perf_model
-from ampd.profile.plots import plot_sim_vs_real
 from ampd.profile.run import ProfileGrid
 from ampd.profile.validate import validate
 from ampd.engines.mock.engine import DEFAULT_VOCAB_SIZE
@@ -112,6 +111,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
     write_csv(out_dir / "rounds-sim.csv", round_rows(result.sim.result.sessions))
     for i, run in enumerate(result.runs):
         write_csv(out_dir / f"rounds-real-{i + 1}.csv", round_rows(run.sessions))
+    from ampd.profile.plots import plot_sim_vs_real  # here: matplotlib takes ~0.5 s to import, only this draws
+
     plot = plot_sim_vs_real([run.sessions for run in result.runs], result.sim.result.sessions,
                             f"{config.system} on {config.cluster.deployment}", out_dir / "sim_vs_real.png")
     print(f"{failed} sessions failed in the real runs" if failed else "no session failed in the real runs")

@@ -163,11 +163,17 @@ class EngineClient:
 
 async def _events(url: str, reply: httpx.Response) -> AsyncIterator[Chunk]:
     try:
-        async for line in reply.aiter_lines():
+        lines = reply.aiter_lines()
+        async for line in lines:
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
+                # Read the body to its end (the server closes it right after): a response
+                # closed unread takes its connection with it, and the next round would open
+                # a new one (issue 37's profile: a TCP connect per round).
+                async for _ in lines:
+                    pass
                 return
             event = json.loads(data)
             if "error" in event:  # vLLM reports a failure after the stream began this way, under HTTP 200

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import nnls
 
 from ampd.core.errors import AmpdError, InputError
 
@@ -211,6 +210,8 @@ def _fit(size: np.ndarray, shared: np.ndarray, times: np.ndarray,
     design = np.column_stack(columns + [shared]) / times[:, None]
     scale = np.abs(design).max(axis=0)
     scale[scale == 0] = 1.0
+    from scipy.optimize import nnls  # here: scipy.optimize costs ~0.8 s to import, and only a fit needs it
+
     coef, _ = nnls(design / scale, np.ones_like(times))
     coef = [float(c) for c in coef / scale]
     return _segments(breakpoints, coef[: 2 * len(breakpoints) + 2]), coef[2 * len(breakpoints) + 2:]

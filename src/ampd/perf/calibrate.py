@@ -8,7 +8,6 @@ borrow a measured GPU's efficiencies (``BORROWED``).
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from ampd.core.errors import InputError
 from ampd.perf.catalog import GPUS, gpu, model
@@ -75,6 +74,8 @@ def fit_efficiency(points: tuple[MeasuredPoint, ...], gpu_name: str) -> Efficien
         return np.array([predict_s(roof, p) for p in mine]) / measured_s - 1.0
 
     lower = np.array([1e-3] * 4 + [0.0] * 5)
+    from scipy.optimize import least_squares  # here: scipy.optimize costs ~0.8 s to import
+
     fit = least_squares(residuals, np.array(_START), bounds=(lower, np.array(_UPPER)),
                         x_scale=np.array(_START), method="trf")
     return Efficiency(*(float(v) for v in fit.x))

@@ -129,7 +129,8 @@ class DecodeReplica:
 def decode_cells(replica: DecodeReplica, max_dp: int, itl_slo_s: float, scope: str) -> list[TauCell]:
     """tau_dec(n, k) for k = 1..``max_dp`` replicas like ``replica`` (``decode_replica``,
     degree n) carrying the decode side (module docstring)."""
-    return [_cell(replica, dp, itl_slo_s, scope) for dp in range(1, max_dp + 1)]
+    dps = np.arange(1, max_dp + 1, dtype=float)
+    return [_cell(replica, int(dp), itl_slo_s, scope, others) for dp, others in zip(dps, _fixed_points(replica, dps))]
 
 
 def decode_replica(stream: NominalStream, perf: PerfModel, tp: int, batching: Batching = Batching(),
@@ -229,15 +230,16 @@ def _mixed_cell(main: DecodeReplica, k: int, rest: DecodeReplica, j: int, itl_sl
                                kv_tokens=math.ceil(fullest * main.capacity_tokens))
 
 
-def _cell(r: DecodeReplica, dp: int, itl_slo_s: float, scope: str) -> TauCell:
-    p95_s, kv_tokens, reason = _serve(r, float(dp), scope)
+def _cell(r: DecodeReplica, dp: int, itl_slo_s: float, scope: str, others: float) -> TauCell:
+    p95_s, kv_tokens, reason = _serve(r, float(dp), scope, others)
     return TauCell(Role.DECODE, r.tp, dp, p95_s, itl_slo_s, math.ceil(kv_tokens), r.capacity_tokens, reason)
 
 
-def _serve(r: DecodeReplica, dp: float, scope: str) -> tuple[float | None, float, str]:
+def _serve(r: DecodeReplica, dp: float, scope: str, others: float | None = None) -> tuple[float | None, float, str]:
     """One replica of ``r`` carrying 1 / ``dp`` of the sessions (``dp`` > 0, real):
     its P95 ITL (None when overloaded), the P95 KV tokens it holds, and why it is
-    overloaded ('' when not)."""
+    overloaded ('' when not). ``others``: its ``_fixed_points`` when the caller has it
+    (NaN: none), else found here."""
     local_per_s = r.local_per_s / dp
 
     def local_busy(others: float) -> float:
@@ -249,8 +251,8 @@ def _serve(r: DecodeReplica, dp: float, scope: str) -> tuple[float | None, float
         return None, 0.0, "the chunk budget leaves local prefills no room beside the batch"
     if local_busy(0.0) >= 1.0:
         return None, 0.0, f"local prefills alone need {local_busy(0.0):.2f} x the replica"
-    others = _others(r, dp, local_busy)
-    if others is None:
+    others = float(_fixed_points(r, np.array([dp]))[0]) if others is None else others
+    if math.isnan(others):
         return None, 0.0, "decode work outgrows any batch the KV capacity allows"
     busy = local_busy(others)
     local = r.local(max(1, round(1.0 + others)))
@@ -275,30 +277,51 @@ def _step_s(r: DecodeReplica, batch: float) -> float:
     return at_low + frac * (r.step_s(low + 1) - at_low)
 
 
-def _others(r: DecodeReplica, dp: float, local_busy: Callable[[float], float]) -> float | None:
-    """Smallest o >= 0 with ``others(T_dec(1 + o) / (1 - u(o))) / k <= o``, u(o) being
-    ``local_busy`` at o; None when there is none below the batch the KV capacity
-    holds (a batch whose local prefills take all the time has none)."""
+def _fixed_points(r: DecodeReplica, dps: np.ndarray) -> np.ndarray:
+    """For each k of ``dps`` (shape (c,), real, > 0): the smallest o >= 0 with
+    ``others(T_dec(1 + o) / (1 - u(o))) / k <= o``, u(o) being the share of the time
+    local prefills take from a batch of ``1 + o`` (``_serve``'s ``local_busy``); NaN
+    when there is none below the batch the KV capacity holds (a batch whose local
+    prefills take all the time has none). Found by doubling, then ``_BISECTIONS``
+    bisections, every cell's steps taken together on arrays: the same floats as one
+    cell at a time (numpy's interp and rounding are Python's, elementwise)."""
     load = r.stream.decode
-
-    def excess(o: float) -> float:
-        busy = local_busy(o)
-        if busy >= 1.0:
-            return math.inf
-        return load.others_at(_step_s(r, 1.0 + o) / (1.0 - busy)) / dp - o
-
     limit = r.capacity_tokens / max(load.mean_context_tokens, 1.0) - 1.0
-    if excess(0.0) <= 0.0:
-        return 0.0
-    low, high = 0.0, 1.0
-    while excess(high) > 0.0:
-        if high >= limit:
-            return None
-        low, high = high, min(2.0 * high, limit)
+    local_per_s = r.local_per_s / dps
+
+    def excess(o: np.ndarray, cells: np.ndarray) -> np.ndarray:
+        batches = np.maximum(1, np.round(1.0 + o)).astype(np.int64).tolist()
+        busy = local_per_s[cells] * np.array([r.local(b).delay_s for b in batches])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            value = np.interp(_step_array_s(r, 1.0 + o) / (1.0 - busy), load.pace_s, load.others) / dps[cells] - o
+        return np.where(busy >= 1.0, np.inf, value)
+
+    found = np.where(excess(np.zeros(dps.size), np.arange(dps.size)) <= 0.0, 0.0, np.nan)
+    low, high = np.zeros(dps.size), np.ones(dps.size)
+    growing = np.flatnonzero(np.isnan(found))
+    bracketed = []
+    while growing.size:
+        above = excess(high[growing], growing) > 0.0
+        bracketed.append(growing[~above])
+        growing = growing[above & (high[growing] < limit)]  # the rest reached the limit: none
+        low[growing], high[growing] = high[growing], np.minimum(2.0 * high[growing], limit)
+    cells = np.concatenate(bracketed) if bracketed else np.zeros(0, dtype=np.int64)
     for _ in range(_BISECTIONS):
-        mid = 0.5 * (low + high)
-        low, high = (mid, high) if excess(mid) > 0.0 else (low, mid)
-    return high
+        mid = 0.5 * (low[cells] + high[cells])
+        above = excess(mid, cells) > 0.0
+        low[cells] = np.where(above, mid, low[cells])
+        high[cells] = np.where(above, high[cells], mid)
+    found[cells] = high[cells]
+    return found
+
+
+def _step_array_s(r: DecodeReplica, batches: np.ndarray) -> np.ndarray:
+    """``_step_s`` of each real batch size (>= 1) of ``batches``."""
+    low = np.floor(batches)
+    frac = batches - low
+    at_low = np.array([r.step_s(b) for b in low.astype(np.int64).tolist()])
+    at_high = np.array([r.step_s(b + 1) if f else 0.0 for b, f in zip(low.astype(np.int64).tolist(), frac.tolist())])
+    return np.where(frac == 0.0, at_low, at_low + frac * (at_high - at_low))
 
 
 def _itl_p95_s(r: DecodeReplica, dp: float, gap_s: float, interrupted: float, added_s: np.ndarray) -> float:

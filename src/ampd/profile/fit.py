@@ -30,7 +30,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
 
 from ampd.core.errors import InputError
 from ampd.perf.alphabeta import DecodeCost, PrefillCost, fit_decode, fit_prefill
@@ -186,6 +185,8 @@ def _fit_line(samples: Sequence[Sample], rng: np.random.Generator, what: str) ->
     times = np.array([p[2] for p in train], dtype=float)
     design = np.column_stack([np.ones_like(sizes), sizes]) / times[:, None]
     scale = np.abs(design).max(axis=0)
+    from scipy.optimize import nnls  # here: scipy.optimize costs ~0.8 s to import, and only a fit needs it
+
     coef, _ = nnls(design / scale, np.ones_like(times))
     fixed_s, slope_s = (float(c) for c in coef / scale)
 

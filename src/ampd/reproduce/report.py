@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ampd.metrics.report import write_json
 from ampd.policy.systems import SYSTEMS
-from ampd.reproduce import analysis, figures, grid
+from ampd.reproduce import analysis, grid
 
 
 def _fmt(value) -> str:
@@ -57,6 +57,8 @@ def write(out_dir: Path, quick: bool, results: dict) -> dict:
     """Write results.json (rows and tables), summary.json (per cell, every system's
     capacity and mean attainment: ``analysis.cell_summary``), the PNG figures and
     tables.md."""
+    from ampd.reproduce import figures  # here: matplotlib takes ~0.5 s to import, only writing draws
+
     tables = summarize(results)
     what = figures.describe(results["grid"])
     figures.attainment_grid(results["grid"], results["capacities"], out_dir / "attainment_grid.png")

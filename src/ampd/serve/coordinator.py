@@ -252,12 +252,14 @@ class Coordinator:
             self.ctx.metrics.rounds.labels("local" if trace.local else "remote").inc()
             # What the engine holds now: the prompt and the output it generated (a reply may
             # end before max_tokens: a chat server's end of turn, a finished tool call).
-            await self.sessions.finish(session_id, trace.decode_worker, len(request.prompt) + len(output),
-                                       request.last_round, self.batches.slack_after(live))
-            if not request.last_round:
-                await self.ctx.store_call(self.histories.record(session_id, _index_scope(request, scope),
-                                                                request.prompt, output, trace.round_index,
-                                                                request.branch_round))
+            finishing = self.sessions.finish(session_id, trace.decode_worker, len(request.prompt) + len(output),
+                                             request.last_round, self.batches.slack_after(live))
+            if request.last_round:
+                await finishing
+            else:  # two store round trips at once: the client's [DONE] waits for both
+                await asyncio.gather(finishing, self.ctx.store_call(self.histories.record(
+                    session_id, _index_scope(request, scope), request.prompt, output, trace.round_index,
+                    request.branch_round)))
             done = True
         except ServeError as err:
             self.ctx.metrics.round_failures.labels("client" if err.status < 500 else "server").inc()

@@ -8,6 +8,7 @@ request (4xx) goes back to the client as it is."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from ampd.core.view import QueuedTask
@@ -78,9 +79,11 @@ class RoundDelivery:
 
     async def _stream_once(self, live: LiveRound, body: dict, first: bool) -> AsyncIterator[Chunk]:
         worker_id = live.trace.decode_worker
-        local_key, in_batch = None, False
+        in_batch, tracked, untracked = False, None, None
         if first and live.trace.local and not live.trace.degraded:
-            local_key = await self._track_local(live)
+            # Written while the engine request goes out, and taken out after the first
+            # token went to the client: neither store round trip holds the first token back.
+            tracked = asyncio.ensure_future(self._track_local(live))
         check = prompt_check(live.request.prompt, live.request.tokenizer_worker) if live.request.chat else None
         try:
             async for chunk in self.engines.stream(self.ctx.workers[worker_id].url, body, live.task.session_id,
@@ -95,9 +98,8 @@ class RoundDelivery:
                         self.batches.joined(live)
                     if live.trace.first_token_s is None:
                         await self.windows.first_token(live.trace, len(chunk.token_ids))
-                        if local_key is not None:  # the local prefill is done: out of the worker's queue
-                            await self.ctx.store_call(self.ctx.store.remove_inflight(worker_id, local_key))
-                            local_key = None
+                        if tracked is not None:  # the local prefill is done: out of the worker's queue
+                            untracked, tracked = asyncio.ensure_future(self._untrack_local(worker_id, tracked)), None
                     else:
                         self.windows.later_tokens(live.trace, len(chunk.token_ids))
                     yield chunk
@@ -108,8 +110,14 @@ class RoundDelivery:
         finally:
             if in_batch:
                 self.batches.left(live)
-            if local_key is not None:
-                await self.ctx.store_call(self.ctx.store.remove_inflight(worker_id, local_key))
+            if tracked is not None:
+                untracked = asyncio.ensure_future(self._untrack_local(worker_id, tracked))
+            if untracked is not None:  # the round ends with its queue entry gone (shielded: see _round)
+                await asyncio.shield(untracked)
+
+    async def _untrack_local(self, worker_id: int, tracked: asyncio.Future) -> None:
+        """Take a local prefill out of its decode worker's queue once it is in."""
+        await self.ctx.store_call(self.ctx.store.remove_inflight(worker_id, await tracked))
 
     async def _track_local(self, live: LiveRound) -> str:
         """Count a local prefill in its decode worker's queue until its first token."""
