@@ -19,12 +19,8 @@ the same run, written beside this one's under ``baseline``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
 import random
-import subprocess
 import statistics
 import sys
 import tempfile
@@ -35,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx  # noqa: E402
 import psutil  # noqa: E402
-from common import stream_round, write_result  # noqa: E402
+from common import stream_round, with_baseline, write_result  # noqa: E402
 
 from ampd.config import RunConfig  # noqa: E402
 from ampd.cluster.up import LocalCluster, free_serve_ports  # noqa: E402
@@ -122,26 +118,12 @@ def measure() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline-src", type=Path, help="src folder of a baseline checkout, measured first")
-    parser.add_argument("--figures-only", action="store_true", help=argparse.SUPPRESS)  # the baseline's child run
-    args = parser.parse_args()
-    if args.figures_only:
-        print(json.dumps(measure()))
-        return
-    result = {"rounds": ROUNDS, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS, "store": "redis",
-              "engines": "mock, time scale 1"}
-    if args.baseline_src:
-        # The same script under the baseline's package: its cluster's children inherit PYTHONPATH.
-        child = subprocess.run([sys.executable, __file__, "--figures-only"], check=True, capture_output=True,
-                               text=True, env={**os.environ, "PYTHONPATH": str(args.baseline_src.resolve())})
-        commit = subprocess.run(["git", "-C", str(args.baseline_src), "rev-parse", "HEAD"], check=True,
-                                capture_output=True, text=True).stdout.strip()
-        result["baseline"] = {"commit": commit, **json.loads(child.stdout.splitlines()[-1])}
-    figures = measure()
+    figures = with_baseline(__doc__, measure)
     for k, v in figures.items():
-        print(f"{k}: {v:.2f}")
-    write_result("serve_overhead", {**result, **figures})
+        if k != "baseline":
+            print(f"{k}: {v:.2f}")
+    write_result("serve_overhead", {"rounds": ROUNDS, "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                                    "store": "redis", "engines": "mock, time scale 1", **figures})
 
 
 if __name__ == "__main__":

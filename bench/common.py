@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,6 +33,30 @@ def machine() -> dict:
     """The machine a figure was measured on."""
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
+
+
+def with_baseline(doc: str, measure) -> dict:
+    """Run a benchmark's ``measure()`` (its figures, a JSON-able dict) for this checkout
+    and, with ``--baseline-src DIR`` on the command line (the ``src`` folder of another
+    checkout, e.g. ``git worktree add /tmp/before <rev>``), first for that one: the same
+    script in a child process whose package (and every server it starts, which inherit
+    ``PYTHONPATH``) is the baseline's. Returns this checkout's figures, with the
+    baseline's under ``baseline`` (and its commit). ``doc``: the script's docstring."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--baseline-src", type=Path, help="src folder of a baseline checkout, measured first")
+    parser.add_argument("--figures-only", action="store_true", help=argparse.SUPPRESS)  # the baseline's child run
+    args = parser.parse_args()
+    if args.figures_only:
+        print(json.dumps(measure()))
+        sys.exit(0)
+    figures = {}
+    if args.baseline_src:
+        child = subprocess.run([sys.executable, sys.argv[0], "--figures-only"], check=True, capture_output=True,
+                               text=True, env={**os.environ, "PYTHONPATH": str(args.baseline_src.resolve())})
+        commit = subprocess.run(["git", "-C", str(args.baseline_src), "rev-parse", "HEAD"], check=True,
+                                capture_output=True, text=True).stdout.strip()
+        figures["baseline"] = {"commit": commit, **json.loads(child.stdout.splitlines()[-1])}
+    return {**figures, **measure()}
 
 
 def write_result(name: str, figures: dict) -> Path:

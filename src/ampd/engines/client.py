@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
+import orjson
 
 
 class EngineError(Exception):
@@ -122,7 +123,8 @@ class EngineClient:
 
     async def _post(self, url: str, path: str, payload: dict, headers: dict, timeout_s: float) -> httpx.Response:
         try:
-            reply = await self._http.post(f"{url}{path}", json=payload, headers=headers, timeout=timeout_s)
+            reply = await self._http.post(f"{url}{path}", content=encode_json(payload),
+                                          headers={**headers, **_JSON}, timeout=timeout_s)
         except httpx.TimeoutException as err:
             raise EngineError(url, "timeout", f"no reply within {timeout_s:.3g} s") from err
         except httpx.LocalProtocolError as err:
@@ -143,8 +145,8 @@ class EngineClient:
             EngineError: unreachable, an error status, or the stream broke off.
         """
         headers = {**_headers(session_id), **({"X-Session-Last-Round": "true"} if last_round else {})}
-        request = self._http.build_request("POST", f"{url}{endpoint_path(body)}", json=body, headers=headers,
-                                           timeout=self._stream_timeout)
+        request = self._http.build_request("POST", f"{url}{endpoint_path(body)}", content=encode_json(body),
+                                           headers={**headers, **_JSON}, timeout=self._stream_timeout)
         try:
             reply = await self._http.send(request, stream=True)
         except httpx.LocalProtocolError as err:
@@ -163,27 +165,68 @@ class EngineClient:
 
 async def _events(url: str, reply: httpx.Response) -> AsyncIterator[Chunk]:
     try:
-        lines = reply.aiter_lines()
+        lines = _lines(reply)
         async for line in lines:
-            if not line.startswith("data:"):
+            if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
-            if data == "[DONE]":
+            if data == b"[DONE]":
                 # Read the body to its end (the server closes it right after): a response
                 # closed unread takes its connection with it, and the next round would open
                 # a new one (issue 37's profile: a TCP connect per round).
                 async for _ in lines:
                     pass
                 return
-            event = json.loads(data)
+            event = _decode_json(data)
             if "error" in event:  # vLLM reports a failure after the stream began this way, under HTTP 200
                 code = event["error"].get("code") if isinstance(event["error"], dict) else None
-                raise EngineError(url, "status", error_message(event, data), code if isinstance(code, int) else 500)
+                raise EngineError(url, "status", error_message(event, data.decode(errors="replace")),
+                                  code if isinstance(code, int) else 500)
             choices = event.get("choices") or [{}]
             yield Chunk(tuple(choices[0].get("token_ids") or ()), choices[0].get("text") or "", event)
     except (httpx.HTTPError, json.JSONDecodeError) as err:
         raise EngineError(url, "broken", str(err) or type(err).__name__) from err
     raise EngineError(url, "broken", "stream ended without [DONE]")
+
+
+async def _lines(reply: httpx.Response) -> AsyncIterator[bytes]:
+    """The body's lines as bytes, split here: httpx's text and line decoders were most
+    of the coordinator's time per streamed token (issue 37's profile); SSE is UTF-8,
+    and every byte that ends a line in it is ASCII."""
+    rest = b""
+    async for data in reply.aiter_bytes():
+        *lines, rest = (rest + data).split(b"\n")
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
+
+
+# Bodies are encoded by orjson (a round's prompt is thousands of token ids: json.dumps of
+# it was a visible part of sending one, issue 37's profile).
+_JSON = {"Content-Type": "application/json"}
+
+
+def _decode_json(data: bytes):
+    """orjson's parse, or the standard library's for the NaN and Infinity literals that
+    Python's own servers may write and orjson refuses.
+
+    Raises:
+        json.JSONDecodeError: not JSON at all.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def encode_json(body: dict) -> bytes:
+    """``body`` as JSON: orjson's, or the standard library's for what orjson refuses
+    (an integer beyond 64 bits), which the engine then judges as before."""
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return json.dumps(body).encode()
 
 
 def _headers(session_id: str) -> dict[str, str]:
