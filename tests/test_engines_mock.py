@@ -407,3 +407,31 @@ def test_the_coordinators_client_keeps_one_connection_across_streamed_rounds():
     with serving(counting) as url:
         asyncio.run(go(url))
     assert len(seen_ports) == 3 and len(set(seen_ports)) == 1
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n", b"\r"])
+def test_a_stream_that_stays_open_after_done_still_ends_its_round(ending):
+    # A server may end its lines in CR, LF or CR LF, and keep the body open after [DONE]:
+    # the round is complete at [DONE] (the client's idle timeout, 30 s here, must not fire
+    # and call the engine broken).
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for token in (5, 6):
+            event = json.dumps({"choices": [{"text": "x", "token_ids": [token]}]}).encode()
+            await send({"type": "http.response.body", "body": b"data: " + event + ending + ending, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]" + ending + ending, "more_body": True})
+        while (await receive())["type"] != "http.disconnect":  # never ends the body; the client leaves
+            pass
+
+    async def go(url):
+        engines = EngineClient(stream_idle_timeout_s=30.0)
+        try:
+            return [t for c in [c async for c in engines.stream(url, _body([1, 2], 2), "s")] for t in c.token_ids]
+        finally:
+            await engines.close()
+
+    with serving(app) as url:
+        assert asyncio.run(go(url)) == [5, 6]

@@ -238,3 +238,21 @@ def test_chunked_local_prefills_stepped_together_are_each_the_scalar_estimate(ba
     together = _chunked_local_prefills(perf, 4, batching, hist, new, batch_size, 30_000)
     alone = [local_prefill(perf, 4, batching, h, x, batch_size, 30_000) for h, x in zip(hist.tolist(), new.tolist())]
     assert together == alone
+
+
+def test_the_stream_orders_rounds_as_a_sort_of_their_rows():
+    # Ready order, ties by session id, round, history, input, then input order: the same
+    # rows sorted as tuples (a second method), ids given twice and equal times included.
+    sessions = [Session("b", 0.0, (Round(10, 2, 1.0), Round(5, 1))), Session("a", 0.0, (Round(30, 1),)),
+                Session("b", 0.0, (Round(10, 2, 0.0), Round(7, 1))), Session("c", 1.0, (Round(4, 1),)),
+                Session("a", 3.01, (Round(1, 1),))]
+    stream = build_stream(sessions, 0.005, 0.0)
+    rows = []
+    for i, s in enumerate(sessions):
+        ready = s.arrival_s
+        for r, rnd in enumerate(s.rounds):  # the first token's slot, the rest of the round, the tool
+            rows.append((ready, s.session_id, r, s.history_tokens(r), rnd.input_tokens, i))
+            ready += 0.005 + ((rnd.output_tokens - 1) * 0.005 + rnd.tool_s)
+    rows.sort()
+    assert list(zip(stream.ready_s.tolist(), stream.session.tolist(), stream.hist_tokens.tolist(),
+                    stream.new_tokens.tolist())) == [(float(t), i, h, x) for t, _, _, h, x, i in rows]

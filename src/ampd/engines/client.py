@@ -3,6 +3,7 @@ OpenAI-compatible subset: docs/SERVING.md, "Engine API")."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from urllib.parse import quote
 from collections.abc import AsyncIterator
@@ -171,11 +172,7 @@ async def _events(url: str, reply: httpx.Response) -> AsyncIterator[Chunk]:
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
-                # Read the body to its end (the server closes it right after): a response
-                # closed unread takes its connection with it, and the next round would open
-                # a new one (issue 37's profile: a TCP connect per round).
-                async for _ in lines:
-                    pass
+                await _drain(lines)
                 return
             event = _decode_json(data)
             if "error" in event:  # vLLM reports a failure after the stream began this way, under HTTP 200
@@ -189,12 +186,33 @@ async def _events(url: str, reply: httpx.Response) -> AsyncIterator[Chunk]:
     raise EngineError(url, "broken", "stream ended without [DONE]")
 
 
+DRAIN_S = 0.25
+"""[our choice] How long the rest of a body is read after its ``[DONE]``, wall seconds:
+vLLM and the mock engine end it at once (one empty chunk); a server that keeps it open
+loses only the connection's reuse, never the round, which is complete."""
+
+
+async def _drain(lines: AsyncIterator[bytes]) -> None:
+    """Read a body to its end after ``[DONE]``, within ``DRAIN_S``: a response closed
+    unread takes its connection with it, and the next round would open a new one (issue
+    37's profile: a TCP connect per round). Nothing read or failing here is the round's."""
+    try:
+        async with asyncio.timeout(DRAIN_S):
+            async for _ in lines:
+                pass
+    except (TimeoutError, httpx.HTTPError):
+        pass
+
+
 async def _lines(reply: httpx.Response) -> AsyncIterator[bytes]:
     """The body's lines as bytes, split here: httpx's text and line decoders were most
-    of the coordinator's time per streamed token (issue 37's profile); SSE is UTF-8,
-    and every byte that ends a line in it is ASCII."""
+    of the coordinator's time per streamed token (issue 37's profile). SSE is UTF-8,
+    every byte that ends a line in it is ASCII, and a line may end in CR LF, LF or CR
+    (a CR LF split between two reads makes one empty line more, which SSE ignores)."""
     rest = b""
     async for data in reply.aiter_bytes():
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         *lines, rest = (rest + data).split(b"\n")
         for line in lines:
             yield line
@@ -208,8 +226,9 @@ _JSON = {"Content-Type": "application/json"}
 
 
 def _decode_json(data: bytes):
-    """orjson's parse, or the standard library's for the NaN and Infinity literals that
-    Python's own servers may write and orjson refuses.
+    """orjson's parse, or the standard library's for what orjson refuses: the NaN and
+    Infinity literals Python's own servers may write, and bytes that are not UTF-8
+    (replaced, as a text decoder would).
 
     Raises:
         json.JSONDecodeError: not JSON at all.
@@ -217,12 +236,14 @@ def _decode_json(data: bytes):
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        return json.loads(data)
+        return json.loads(data.decode(errors="replace"))
 
 
 def encode_json(body: dict) -> bytes:
-    """``body`` as JSON: orjson's, or the standard library's for what orjson refuses
-    (an integer beyond 64 bits), which the engine then judges as before."""
+    """``body`` as JSON: orjson's (NaN and infinities become null, as in
+    ``metrics.report.write_json``, where the standard library would write literals that
+    are not JSON), or the standard library's for an integer beyond 64 bits, which orjson
+    refuses and the engine then judges as before."""
     try:
         return orjson.dumps(body)
     except orjson.JSONEncodeError:

@@ -99,10 +99,11 @@ def build_stream(sessions: Sequence[Session], itl_s: float, local_share: float,
     table = RoundTable.of(sessions)
     after_all_s = (table.output_tokens - 1) * itl_s + table.tool_s
     ready_all_s = table.accumulate(table.arrival_s, itl_s + after_all_s)
-    # ready order; ties by session id, then round (then input order, for ids given twice)
-    id_rank = np.empty(len(sessions), dtype=np.int64)
-    id_rank[sorted(range(len(sessions)), key=lambda i: sessions[i].session_id)] = np.arange(len(sessions))
-    order = np.lexsort((table.session, table.round_index, id_rank[table.session], ready_all_s))
+    # ready order; ties by session id, round, history, input, then input order (an id given twice)
+    rank_of = {session_id: rank for rank, session_id in enumerate(sorted({s.session_id for s in sessions}))}
+    id_rank = np.array([rank_of[s.session_id] for s in sessions], dtype=np.int64)
+    order = np.lexsort((table.session, table.input_tokens, table.history_tokens, table.round_index,
+                        id_rank[table.session], ready_all_s))
     position = np.empty(order.size, dtype=np.int64)
     position[order] = np.arange(order.size)
     following = np.append(position[1:], -1)

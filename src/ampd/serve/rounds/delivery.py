@@ -82,7 +82,8 @@ class RoundDelivery:
         in_batch, tracked, untracked = False, None, None
         if first and live.trace.local and not live.trace.degraded:
             # Written while the engine request goes out, and taken out after the first
-            # token went to the client: neither store round trip holds the first token back.
+            # token went to the client: neither store round trip holds the first token back
+            # (a replica routing in the round trip's time sees the queue without it).
             tracked = asyncio.ensure_future(self._track_local(live))
         check = prompt_check(live.request.prompt, live.request.tokenizer_worker) if live.request.chat else None
         try:
