@@ -293,7 +293,7 @@ def _fixed_points(r: DecodeReplica, dps: np.ndarray) -> np.ndarray:
         batches = np.maximum(1, np.round(1.0 + o)).astype(np.int64).tolist()
         busy = local_per_s[cells] * np.array([r.local(b).delay_s for b in batches])
         with np.errstate(divide="ignore", invalid="ignore"):
-            value = np.interp(_step_array_s(r, 1.0 + o) / (1.0 - busy), load.pace_s, load.others) / dps[cells] - o
+            value = np.interp(np.array([_step_s(r, b) for b in (1.0 + o).tolist()]) / (1.0 - busy), load.pace_s, load.others) / dps[cells] - o
         return np.where(busy >= 1.0, np.inf, value)
 
     found = np.where(excess(np.zeros(dps.size), np.arange(dps.size)) <= 0.0, 0.0, np.nan)
@@ -313,15 +313,6 @@ def _fixed_points(r: DecodeReplica, dps: np.ndarray) -> np.ndarray:
         high[cells] = np.where(above, high[cells], mid)
     found[cells] = high[cells]
     return found
-
-
-def _step_array_s(r: DecodeReplica, batches: np.ndarray) -> np.ndarray:
-    """``_step_s`` of each real batch size (>= 1) of ``batches``."""
-    low = np.floor(batches)
-    frac = batches - low
-    at_low = np.array([r.step_s(b) for b in low.astype(np.int64).tolist()])
-    at_high = np.array([r.step_s(b + 1) if f else 0.0 for b, f in zip(low.astype(np.int64).tolist(), frac.tolist())])
-    return np.where(frac == 0.0, at_low, at_low + frac * (at_high - at_low))
 
 
 def _itl_p95_s(r: DecodeReplica, dp: float, gap_s: float, interrupted: float, added_s: np.ndarray) -> float:
